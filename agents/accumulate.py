@@ -1,0 +1,152 @@
+"""The accumulate agent: ``actions`` -> per-session table -> ``context`` + ``summarize``.
+
+Effectively-once: what a payload produces is acknowledged by the broker *before*
+the session's table entry (with the payload's offset) is written. A crash in
+between replays the payload with the old state, which re-emits the same sequence
+numbers; every downstream stage skips what it already applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+import faust
+
+from agents.dead_letters import DeadLetterWriter
+from agents.session_state import (
+    Emission,
+    Limits,
+    SessionState,
+    already_applied,
+    apply_payload,
+    close_idle,
+    debounce_due,
+    flush_debounce,
+)
+from schemas import ActionsPayload, InvalidMessage, decode
+from streams import metrics
+from streams.app import ContextApp
+from streams.topics import Topics
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+BATCH_MAX = 500
+BATCH_WITHIN_S = 0.005
+
+
+def register(app: ContextApp, topics: Topics) -> faust.Table:
+    """Declare the session table, the agent and its timers on ``app``."""
+    settings = app.settings
+    limits = Limits(
+        threshold=settings.threshold,
+        max_actions_per_batch=settings.max_actions_per_batch,
+        debounce_ms=settings.debounce_ms,
+        debounce_max_ms=settings.debounce_max_ms,
+    )
+    sessions = app.Table(
+        "sessions",
+        default=None,
+        key_type=str,
+        value_type=bytes,
+        key_serializer="raw",
+        value_serializer="raw",
+        partitions=settings.partitions,
+        use_partitioner=True,  # changelog partition = key hash = the session's partition
+    )
+    dead_letters = DeadLetterWriter(topics.dead_letters, stage="accumulate")
+    out_topics = {"context": topics.context, "summarize": topics.summarize}
+    # The agent and the timers both read-modify-write session entries, with
+    # awaits in between; one lock keeps those updates from interleaving.
+    state_lock = asyncio.Lock()
+    debouncing: set[str] = set()
+
+    def load(session_id: str) -> SessionState | None:
+        raw = sessions.get(session_id)
+        return None if raw is None else SessionState.from_bytes(raw)
+
+    async def emit(emissions: Iterable[tuple[str, Emission]]) -> None:
+        """Produce in order and wait until the broker acknowledged every message."""
+        futures = [
+            await out_topics[e.topic].send(key=sid, value=e.value) for sid, e in emissions
+        ]
+        await asyncio.gather(*futures)
+
+    async def apply_events(events: list[faust.EventT]) -> None:
+        states: dict[str, SessionState | None] = {}
+        emissions: list[tuple[str, Emission]] = []
+        now = time.time()
+        for event in events:
+            message = event.message
+            try:
+                payload = decode(ActionsPayload, message.value)
+            except InvalidMessage as exc:
+                await dead_letters.write(message, exc.reason)
+                continue
+            sid = payload.session_id
+            state = states[sid] if sid in states else load(sid)
+            if already_applied(state, message.offset):
+                metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
+                continue
+            state, out = apply_payload(state, payload, message.offset, limits, now)
+            states[sid] = state
+            emissions.extend((sid, e) for e in out)
+            metrics.ACTIONS_IN.inc(len(payload.actions))
+            if state.debounce:
+                debouncing.add(sid)
+        await emit(emissions)
+        for sid, state in states.items():
+            if state is not None:
+                sessions[sid] = state.to_bytes()
+        metrics.ACTIVE_SESSIONS.set(len(sessions))
+
+    @app.agent(topics.actions, name="accumulate")
+    async def accumulate(stream: faust.StreamT[bytes]) -> None:
+        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
+            async with state_lock:
+                await apply_events(list(events))
+
+    async def close_session(sid: str, state: SessionState, now: float) -> None:
+        await emit((sid, e) for e in close_idle(state, limits, now))
+        sessions.pop(sid, None)
+        debouncing.discard(sid)
+        metrics.SESSIONS_EXPIRED.inc()
+        log.info("session %s idle for %.0fs: closed and expired", sid, now - state.last_seen)
+
+    @app.timer(settings.idle_check_interval_s, name="accumulate.expire_idle")
+    async def expire_idle_sessions() -> None:
+        now = time.time()
+        idle = []
+        for sid, raw in list(sessions.items()):
+            state = SessionState.from_bytes(raw)
+            if now - state.last_seen >= settings.idle_timeout_s:
+                idle.append(sid)
+            elif state.debounce:
+                debouncing.add(sid)  # e.g. restored from the changelog after a restart
+        for sid in idle:
+            async with state_lock:
+                state = load(sid)
+                if state is not None and now - state.last_seen >= settings.idle_timeout_s:
+                    await close_session(sid, state, now)
+
+    if settings.debounce_ms > 0:
+
+        @app.timer(max(settings.debounce_ms / 4000, 0.01), name="accumulate.flush_debounce")
+        async def flush_debounced() -> None:
+            now = time.time()
+            for sid in list(debouncing):
+                async with state_lock:
+                    state = load(sid)
+                    if state is None or not state.debounce:
+                        debouncing.discard(sid)
+                        continue
+                    if debounce_due(state, limits, now):
+                        await emit((sid, e) for e in flush_debounce(state, limits, now))
+                        sessions[sid] = state.to_bytes()
+                        debouncing.discard(sid)
+
+    return sessions

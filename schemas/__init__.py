@@ -1,0 +1,28 @@
+"""Wire models: the connector's payloads and this service's own messages."""
+
+from schemas.actions import ActionsPayload, SlimAction
+from schemas.codec import InvalidMessage, decode, encode
+from schemas.dead_letter import DeadLetter
+from schemas.operations import (
+    ActionsWritten,
+    ContextOperation,
+    SeqRange,
+    SummarizeRequest,
+    SummaryReady,
+    context_operation_adapter,
+)
+
+__all__ = [
+    "ActionsPayload",
+    "ActionsWritten",
+    "ContextOperation",
+    "DeadLetter",
+    "InvalidMessage",
+    "SeqRange",
+    "SlimAction",
+    "SummarizeRequest",
+    "SummaryReady",
+    "context_operation_adapter",
+    "decode",
+    "encode",
+]

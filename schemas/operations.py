@@ -1,0 +1,98 @@
+"""Internal messages: summarize requests and the ordered context operations.
+
+Every action of a session gets a sequence number (1, 2, 3, ...) when the
+accumulator applies it. Ranges ``[seq_from, seq_to]`` are inclusive and let
+every later stage recognise a redelivery and skip it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from schemas.actions import ActionsPayload
+
+__all__ = [
+    "ActionsWritten",
+    "ContextOperation",
+    "SeqRange",
+    "SummarizeRequest",
+    "SummaryReady",
+    "context_operation_adapter",
+]
+
+
+class SeqRange(BaseModel):
+    """An inclusive range of one session's action sequence numbers."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq_from: int = Field(ge=1)
+    seq_to: int = Field(ge=1)
+    # The input offset where this incarnation of the session began. A session
+    # that idles out and comes back starts a new generation with seq 1 again.
+    generation: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SeqRange:
+        if self.seq_to < self.seq_from:
+            raise ValueError(f"empty range [{self.seq_from}, {self.seq_to}]")
+        return self
+
+    def covers(self, other: SeqRange) -> bool:
+        return self.seq_from <= other.seq_from and other.seq_to <= self.seq_to
+
+
+class SummarizeRequest(SeqRange):
+    """Compress a closed range of one session's actions into the rolling summary."""
+
+    session_id: str
+    product_id: str = ""
+    batches: list[ActionsPayload]
+    final: bool = False  # the session went idle: this closes it
+    created_at: float
+
+    @property
+    def request_id(self) -> str:
+        """Deterministic, so a re-emitted request is recognisable."""
+        return f"{self.session_id}:{self.seq_from}-{self.seq_to}"
+
+    @property
+    def action_count(self) -> int:
+        return self.seq_to - self.seq_from + 1
+
+
+class ActionsWritten(SeqRange):
+    """A batch of raw actions to append to the session's context."""
+
+    op: Literal["actions_written"] = "actions_written"
+    session_id: str
+    product_id: str = ""
+    conversation_id: str | None = None
+    text: str
+    payload: ActionsPayload
+    emitted_at: float
+
+
+class SummaryReady(SeqRange):
+    """A rolling summary that replaces every raw batch inside its range.
+
+    ``seq_from`` is 1 for a rolling summary: it covers the whole session so far.
+    ``window_from`` is where the actions new to this summary start.
+    """
+
+    op: Literal["summary_ready"] = "summary_ready"
+    session_id: str
+    product_id: str = ""
+    conversation_id: str | None = None
+    summary: str
+    window_from: int
+    final: bool = False
+    emitted_at: float
+
+
+ContextOperation = Annotated[ActionsWritten | SummaryReady, Field(discriminator="op")]
+context_operation_adapter: TypeAdapter[ActionsWritten | SummaryReady] = TypeAdapter(
+    ContextOperation
+)

@@ -1,0 +1,1 @@
+"""The Faust application, settings, topics and the stream utilities."""

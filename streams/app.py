@@ -1,0 +1,56 @@
+"""The Faust application factory shared by the pipeline worker and sink workers.
+
+The pipeline (``faust -A agents.app worker``) and each sink
+(``faust -A sinks.app worker``) are separate Faust apps, so each has its own
+consumer group: a slow destination never holds back the pipeline or another sink.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import faust
+
+from streams.settings import Settings
+from streams.topics import ensure_topics
+
+__all__ = ["ContextApp", "create_app"]
+
+log = logging.getLogger(__name__)
+
+
+class ContextApp(faust.App):
+    """A Faust app that knows its settings and creates its topics before it consumes."""
+
+    settings: Settings
+
+    def __init__(self, app_id: str, settings: Settings, **options: Any) -> None:
+        super().__init__(app_id, **options)
+        self.settings = settings
+
+    async def on_first_start(self) -> None:
+        await ensure_topics(self.settings)
+        await super().on_first_start()
+
+
+def create_app(settings: Settings, role: str) -> ContextApp:
+    """``role`` is ``pipeline`` or ``sink-<name>``; it names the consumer group."""
+    app_id = settings.app_id if role == "pipeline" else f"{settings.app_id}-{role}"
+    return ContextApp(
+        app_id,
+        settings,
+        broker=settings.broker_url,
+        store=settings.store,
+        datadir=str(settings.data_dir / role),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=1,
+        topic_disable_leader=True,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        broker_commit_interval=1.0,
+        table_standby_replicas=0,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        web_in_thread=False,
+    )

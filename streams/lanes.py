@@ -1,0 +1,89 @@
+"""Per-key ordered lanes: one task per key processes that key's items in order,
+different keys run concurrently.
+
+A Faust agent processes a partition strictly in order, so one slow session
+(an LLM call, a slow destination) would hold back every other session on the
+partition. Lanes keep per-session order while letting sessions overlap. Used
+with a no-ack stream: the caller acks an event only after its item is done, and
+Faust commits only the contiguous acked prefix of each partition, so a crash
+replays whatever was not finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+__all__ = ["Lanes"]
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+class Lanes(Generic[T]):
+    """Run ``handler(key, item)`` in order per key, concurrently across keys.
+
+    ``max_pending`` bounds the items held across all lanes: ``submit`` waits for
+    room, which back-pressures the stream instead of buffering without limit.
+    """
+
+    def __init__(
+        self, handler: Callable[[str, T], Awaitable[None]], *, max_pending: int = 1000
+    ) -> None:
+        self._handler = handler
+        self._queues: dict[str, deque[T]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._room = asyncio.Semaphore(max_pending)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def pending(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def active_keys(self) -> int:
+        return len(self._tasks)
+
+    async def submit(self, key: str, item: T) -> None:
+        await self._room.acquire()
+        queue = self._queues.setdefault(key, deque())
+        queue.append(item)
+        if key not in self._tasks:
+            self._idle.clear()
+            self._tasks[key] = asyncio.create_task(self._drain(key), name=f"lane:{key}")
+
+    async def _drain(self, key: str) -> None:
+        queue = self._queues[key]
+        try:
+            while queue:
+                item = queue[0]
+                try:
+                    await self._handler(key, item)
+                finally:
+                    queue.popleft()
+                    self._room.release()
+        except Exception:
+            # The handler owns retries; reaching here is a bug. Keep the items
+            # unacked (they replay after restart) and make it loud.
+            log.exception("lane %s stopped; %d items left unacknowledged", key, len(queue))
+            for _ in queue:
+                self._room.release()
+            queue.clear()
+        finally:
+            del self._tasks[key]
+            del self._queues[key]
+            if not self._tasks:
+                self._idle.set()
+
+    async def join(self) -> None:
+        """Wait until every lane is empty."""
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)

@@ -1,0 +1,33 @@
+"""Prometheus metrics shared by the pipeline and the sinks (served at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+ACTIONS_IN = Counter("ac_actions_in_total", "Actions applied by the accumulator")
+REPLAYS_SKIPPED = Counter(
+    "ac_replays_skipped_total", "Redelivered messages recognised and skipped", ["stage"]
+)
+ACTIVE_SESSIONS = Gauge("ac_active_sessions", "Sessions with state in this worker's table")
+SESSIONS_EXPIRED = Counter("ac_sessions_expired_total", "Idle sessions closed and expired")
+DEAD_LETTERS = Counter("ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"])
+SUMMARIES = Counter("ac_summaries_total", "Summaries emitted", ["outcome"])
+LLM_LATENCY = Histogram(
+    "ac_llm_latency_seconds",
+    "LLM call latency",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+)
+LLM_FAILURES = Counter("ac_llm_failures_total", "Failed LLM calls", ["kind"])
+LLM_IN_FLIGHT = Gauge("ac_llm_in_flight", "LLM calls in flight")
+BREAKER_STATE = Gauge("ac_llm_breaker_open", "1 while the LLM circuit breaker is open")
+BREAKER_TRANSITIONS = Counter("ac_llm_breaker_transitions_total", "Breaker changes", ["to"])
+SINK_OPERATIONS = Counter(
+    "ac_sink_operations_total", "Context operations handled by a sink", ["sink", "op", "outcome"]
+)
+SINK_RETRIES = Counter("ac_sink_retries_total", "Sink delivery retries", ["sink"])
+END_TO_END = Histogram(
+    "ac_end_to_end_seconds",
+    "From an operation's emission to its application at a sink",
+    ["sink"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)

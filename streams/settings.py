@@ -1,0 +1,105 @@
+"""Settings from the environment (prefix ``AC_``), validated at start-up.
+
+A bad value stops the process before it consumes anything, with a message that
+names the setting, instead of failing at the first threshold crossing.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["ConfigurationError", "Settings", "load_settings"]
+
+
+class ConfigurationError(SystemExit):
+    """Raised at start-up for invalid settings; exits with a readable message."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AC_", extra="ignore", populate_by_name=True)
+
+    # Kafka
+    app_id: str = "agent-context"
+    kafka_bootstrap_servers: str = Field(
+        default="127.0.0.1:9092",
+        validation_alias=AliasChoices("AC_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
+    )
+    topic_prefix: str = ""
+    partitions: int = Field(default=8, ge=1)
+    store: str = "memory://"  # or rocksdb:// for state larger than memory
+    data_dir: Path = Path(".agent-context")
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+
+    # Accumulation
+    threshold: int = Field(default=10, description="K: actions per summary")
+    debounce_ms: int = Field(default=0, ge=0)
+    debounce_max_ms: int = Field(default=2000, ge=1)
+    idle_timeout_s: float = Field(default=300.0, gt=0)
+    idle_check_interval_s: float = Field(default=5.0, gt=0)
+    max_actions_per_batch: int = Field(default=500, ge=1)
+
+    # Summarizer
+    llm_api_key: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("AC_LLM_API_KEY", "OPENAI_API_KEY")
+    )
+    llm_base_url: str | None = None
+    llm_model: str = "gpt-4o-mini"
+    llm_timeout_s: float = Field(default=30.0, gt=0)
+    llm_max_tokens: int = Field(default=256, ge=1)
+    llm_temperature: float = 0.3
+    llm_concurrency: int = Field(default=32, ge=1)
+    llm_retry_budget_s: float = Field(default=120.0, gt=0)
+    llm_retry_max_wait_s: float = Field(default=10.0, gt=0)
+    llm_callable: str | None = None  # dotted path "pkg.mod:func" to any async (prompt) -> str
+    breaker_failures: int = Field(default=5, ge=1)
+    breaker_reset_s: float = Field(default=15.0, gt=0)
+    prompt: str | None = None
+    prompt_file: Path | None = None
+    format_actions: str | None = None  # dotted path to (list[ActionsPayload]) -> str
+    summary_max_chars: int = Field(default=1500, ge=50)
+    max_in_flight_requests: int = Field(default=2000, ge=1)
+
+    # Sinks
+    sink: str = "files"  # a built-in name, an entry point name, or "pkg.mod:factory"
+    files_dir: Path = Path(".agent-context/context")
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold_at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"AC_THRESHOLD must be >= 1 (actions per summary), got {value}")
+        return value
+
+    @property
+    def broker_url(self) -> str:
+        return ",".join(f"kafka://{h.strip()}" for h in self.kafka_bootstrap_servers.split(","))
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}{name}"
+
+    def prompt_template(self) -> str | None:
+        if self.prompt_file is not None:
+            return self.prompt_file.read_text(encoding="utf-8")
+        return self.prompt
+
+
+def _readable(error: ValidationError) -> str:
+    lines = ["invalid settings:"]
+    for item in error.errors(include_url=False, include_input=False):
+        name = "AC_" + "_".join(str(p) for p in item["loc"]).upper()
+        lines.append(f"  {name}: {item['msg']}")
+    return "\n".join(lines)
+
+
+@lru_cache(maxsize=1)
+def load_settings() -> Settings:
+    """Read settings from the environment once; exit with a clear message if invalid."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigurationError(_readable(exc)) from None

@@ -1,0 +1,1 @@
+"""Test helpers: a Kafka broker, worker processes, and waiting for conditions."""
