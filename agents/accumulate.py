@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import faust
 
-from agents.dead_letters import DeadLetterWriter
+from streams.dead_letters import DeadLetterWriter
 from agents.session_state import (
     Emission,
     Limits,
@@ -29,6 +29,7 @@ from agents.session_state import (
 from schemas import ActionsPayload, InvalidMessage, decode
 from streams import metrics
 from streams.app import ContextApp
+from streams.tables import session_table
 from streams.topics import Topics
 
 __all__ = ["register"]
@@ -48,16 +49,7 @@ def register(app: ContextApp, topics: Topics) -> faust.Table:
         debounce_ms=settings.debounce_ms,
         debounce_max_ms=settings.debounce_max_ms,
     )
-    sessions = app.Table(
-        "sessions",
-        default=None,
-        key_type=str,
-        value_type=bytes,
-        key_serializer="raw",
-        value_serializer="raw",
-        partitions=settings.partitions,
-        use_partitioner=True,  # changelog partition = key hash = the session's partition
-    )
+    sessions = session_table(app, "sessions")
     dead_letters = DeadLetterWriter(topics.dead_letters, stage="accumulate")
     out_topics = {"context": topics.context, "summarize": topics.summarize}
     # The agent and the timers both read-modify-write session entries, with

@@ -8,6 +8,7 @@ consumer group: a slow destination never holds back the pipeline or another sink
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -30,6 +31,7 @@ class ContextApp(faust.App):
         self.settings = settings
 
     async def on_first_start(self) -> None:
+        Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)
         await ensure_topics(self.settings)
         await super().on_first_start()
 

@@ -1,0 +1,22 @@
+"""Entry point of the pipeline worker: ``faust -A agents.app worker``.
+
+Accumulates actions per session, emits context operations, and produces
+rolling summaries. Sinks run as their own workers (``sinks.app``).
+"""
+
+from __future__ import annotations
+
+from agents import accumulate, summarize
+from agents.summarizers import build_summarizer
+from streams.app import create_app
+from streams.settings import load_settings
+from streams.topics import declare_topics
+from streams.web import add_operational_pages
+
+settings = load_settings()
+summarizer = build_summarizer(settings)  # validates prompt and plug-ins before consuming
+app = create_app(settings, role="pipeline")
+topics = declare_topics(app, settings)
+sessions = accumulate.register(app, topics)
+summaries = summarize.register(app, topics, summarizer)
+add_operational_pages(app)

@@ -1,0 +1,129 @@
+"""What turns (previous summary, new actions) into the next rolling summary.
+
+``LLMSummarizer`` builds the prompt and calls any ``async (prompt) -> str``
+through :class:`agents.resilience.ResilientLLM`; ``OfflineSummarizer`` needs no
+network. ``build_summarizer`` picks one from settings and validates the prompt
+and the plug-ins at start-up.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any, Protocol
+
+from agents.llm import LLMCallable, LLMError, load_llm_callable, openai_llm
+from agents.offline import offline_summary
+from agents.prompting import (
+    DEFAULT_PROMPT,
+    ActionsFormatter,
+    build_prompt,
+    cap_summary,
+    default_format_actions,
+    validate_template,
+)
+from agents.resilience import ResilientLLM
+from schemas import ActionsPayload
+from streams.settings import ConfigurationError, Settings
+
+__all__ = ["LLMSummarizer", "OfflineSummarizer", "Summarizer", "build_summarizer"]
+
+log = logging.getLogger(__name__)
+
+
+class Summarizer(Protocol):
+    name: str
+
+    async def summarize(self, previous: str | None, payloads: list[ActionsPayload]) -> str: ...
+
+
+class OfflineSummarizer:
+    name = "offline"
+
+    def __init__(self, max_chars: int) -> None:
+        self._max_chars = max_chars
+
+    async def summarize(self, previous: str | None, payloads: list[ActionsPayload]) -> str:
+        return cap_summary(offline_summary(previous, payloads), self._max_chars)
+
+
+def _non_empty(llm: LLMCallable) -> LLMCallable:
+    async def call(prompt: str) -> str:
+        answer = await llm(prompt)
+        if not isinstance(answer, str) or not answer.strip():
+            raise LLMError("the LLM returned an empty answer", retryable=True, kind="empty")
+        return answer
+
+    return call
+
+
+class LLMSummarizer:
+    name = "llm"
+
+    def __init__(
+        self,
+        llm: ResilientLLM,
+        *,
+        template: str,
+        formatter: ActionsFormatter,
+        max_chars: int,
+    ) -> None:
+        self.llm = llm
+        self._template = template
+        self._formatter = formatter
+        self._max_chars = max_chars
+
+    async def summarize(self, previous: str | None, payloads: list[ActionsPayload]) -> str:
+        prompt = build_prompt(self._template, previous, payloads, self._formatter)
+        return cap_summary(await self.llm(prompt), self._max_chars)
+
+
+def _import(dotted: str) -> Any:
+    module_name, _, attr = dotted.replace(":", ".").rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigurationError(f"cannot import {dotted!r}: {exc}") from None
+
+
+def _formatter(settings: Settings) -> ActionsFormatter:
+    if not settings.format_actions:
+        return default_format_actions
+    formatter = _import(settings.format_actions)
+    if not callable(formatter):
+        raise ConfigurationError(f"AC_FORMAT_ACTIONS {settings.format_actions!r} is not callable")
+    return formatter  # type: ignore[no-any-return]
+
+
+def _template(settings: Settings) -> str:
+    template = settings.prompt_template() or DEFAULT_PROMPT
+    try:
+        validate_template(template)
+    except ValueError as exc:
+        raise ConfigurationError(f"AC_PROMPT: {exc}") from None
+    return template
+
+
+def build_summarizer(settings: Settings) -> Summarizer:
+    """Custom callable > OpenAI-compatible API (when a key is set) > offline."""
+    template = _template(settings)  # validated even when unused: fail early, always
+    formatter = _formatter(settings)
+    if settings.llm_callable:
+        try:
+            llm = load_llm_callable(settings.llm_callable)
+        except ValueError as exc:
+            raise ConfigurationError(f"AC_LLM_CALLABLE: {exc}") from None
+        source = settings.llm_callable
+    elif settings.llm_api_key is not None:
+        llm = openai_llm(settings)
+        source = f"OpenAI-compatible API, model {settings.llm_model}"
+    else:
+        log.info("no LLM configured (AC_LLM_API_KEY / AC_LLM_CALLABLE): offline summarizer")
+        return OfflineSummarizer(settings.summary_max_chars)
+    log.info("summarizer: %s", source)
+    return LLMSummarizer(
+        ResilientLLM.from_settings(_non_empty(llm), settings),
+        template=template,
+        formatter=formatter,
+        max_chars=settings.summary_max_chars,
+    )

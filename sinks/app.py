@@ -1,0 +1,23 @@
+"""Entry point of a sink worker: ``AC_SINK=files faust -A sinks.app worker``.
+
+Each sink is its own Faust app (consumer group ``<app_id>-sink-<name>``), so a
+slow or failing destination never delays the pipeline or another sink.
+"""
+
+from __future__ import annotations
+
+
+from sinks import runner
+from sinks.registry import load_sink
+from streams.app import create_app
+from streams.settings import load_settings
+from streams.topics import declare_topics
+from streams.web import add_operational_pages
+
+
+settings = load_settings()
+sink = load_sink(settings.sink, settings)
+app = create_app(settings, role=f"sink-{sink.name}")
+topics = declare_topics(app, settings)
+contexts = runner.register(app, topics, sink)
+add_operational_pages(app)

@@ -1,0 +1,62 @@
+"""The sink protocol.
+
+A sink is what the SDK calls a destination: ``write_actions(session_id, text)``
+and ``overwrite_with_summary(session_id, summary)``. Existing SDK callbacks plug
+in unchanged through :class:`CallbackSink`. Sinks that need more (the sequence
+range, their own bookkeeping) implement :class:`ContextSink.apply`, which gets
+the operation and the session's context *after* it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
+
+from schemas import ActionsWritten, SummaryReady
+from sinks.context import SessionContext
+
+__all__ = ["CallbackSink", "ContextSink", "PermanentSinkError"]
+
+Operation = ActionsWritten | SummaryReady
+
+
+class PermanentSinkError(Exception):
+    """The destination refused this operation for good (e.g. HTTP 400): don't retry it."""
+
+
+@runtime_checkable
+class ContextSink(Protocol):
+    name: str
+
+    async def apply(self, op: Operation, context: SessionContext) -> None:
+        """Deliver ``op``. Must be idempotent for a redelivery after a crash."""
+        ...
+
+
+async def _call(fn: Callable[..., Any], *args: Any) -> None:
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        await result
+
+
+class CallbackSink:
+    """Adapts the SDK's two callables (sync or async) to :class:`ContextSink`."""
+
+    def __init__(
+        self,
+        write_actions: Callable[[str, str], Awaitable[None] | None] | None,
+        overwrite_with_summary: Callable[[str, str], Awaitable[None] | None],
+        *,
+        name: str = "callbacks",
+    ) -> None:
+        self.name = name
+        self._write_actions = write_actions
+        self._overwrite_with_summary = overwrite_with_summary
+
+    async def apply(self, op: Operation, context: SessionContext) -> None:
+        if isinstance(op, ActionsWritten):
+            if self._write_actions is not None:
+                await _call(self._write_actions, op.session_id, op.text)
+        else:
+            await _call(self._overwrite_with_summary, op.session_id, op.summary)

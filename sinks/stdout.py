@@ -1,0 +1,28 @@
+"""Stdout sink: prints each operation, for trying things out and debugging."""
+
+from __future__ import annotations
+
+import sys
+
+from schemas import ActionsWritten
+from sinks.base import Operation
+from sinks.context import SessionContext
+from streams.settings import Settings
+
+__all__ = ["StdoutSink"]
+
+
+class StdoutSink:
+    name = "stdout"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> StdoutSink:
+        return cls()
+
+    async def apply(self, op: Operation, context: SessionContext) -> None:
+        if isinstance(op, ActionsWritten):
+            line = f"[{op.session_id}] actions {op.seq_from}-{op.seq_to}\n{op.text}\n"
+        else:
+            line = f"[{op.session_id}] summary of 1-{op.seq_to}: {op.summary}\n"
+        sys.stdout.write(line)
+        sys.stdout.flush()

@@ -1,0 +1,93 @@
+"""The accumulator's pure transitions: sequence numbers, thresholds, debounce, idle."""
+
+from __future__ import annotations
+
+import orjson
+
+from agents.session_state import (
+    Limits,
+    SessionState,
+    already_applied,
+    apply_payload,
+    close_idle,
+    debounce_due,
+    flush_debounce,
+)
+from schemas import ActionsPayload, ActionsWritten, SummarizeRequest
+
+
+def payload(n: int, sid: str = "s1", start: int = 0) -> ActionsPayload:
+    return ActionsPayload.model_validate(
+        {
+            "session_id": sid,
+            "product_id": "p",
+            "actions": [
+                {"title": f"a{i}", "description": f"did {i}", "canonical_url": "/x", "index": i}
+                for i in range(start, start + n)
+            ],
+        }
+    )
+
+
+def decode_all(emissions):  # type: ignore[no-untyped-def]
+    out = []
+    for e in emissions:
+        model = ActionsWritten if e.topic == "context" else SummarizeRequest
+        out.append(model.model_validate(orjson.loads(e.value)))
+    return out
+
+
+def test_sequence_numbers_are_contiguous_and_threshold_counts_actions() -> None:
+    limits = Limits(threshold=5, max_actions_per_batch=100)
+    state, out = apply_payload(None, payload(3), offset=10, limits=limits, now=1.0)
+    first = decode_all(out)
+    assert [(o.seq_from, o.seq_to) for o in first] == [(1, 3)]
+    state, out = apply_payload(state, payload(4, start=3), offset=11, limits=limits, now=2.0)
+    written, request = decode_all(out)
+    assert (written.seq_from, written.seq_to) == (4, 7)
+    assert isinstance(request, SummarizeRequest)
+    assert (request.seq_from, request.seq_to, request.action_count) == (1, 7, 7)
+    assert [len(b.actions) for b in request.batches] == [3, 4]
+    assert state.pending == [] and state.summarized_to == 7 and state.generation == 10
+
+
+def test_a_replayed_offset_is_recognised() -> None:
+    limits = Limits(threshold=5, max_actions_per_batch=100)
+    state, _ = apply_payload(None, payload(1), offset=7, limits=limits, now=1.0)
+    assert already_applied(state, 7) and already_applied(state, 3)
+    assert not already_applied(state, 8) and not already_applied(None, 0)
+
+
+def test_state_survives_its_table_encoding() -> None:
+    limits = Limits(threshold=50, max_actions_per_batch=100)
+    state, _ = apply_payload(None, payload(2), offset=1, limits=limits, now=1.0)
+    assert SessionState.from_bytes(state.to_bytes()) == state
+
+
+def test_oversized_batches_are_split_and_never_exceed_the_cap() -> None:
+    limits = Limits(threshold=1000, max_actions_per_batch=4)
+    _, out = apply_payload(None, payload(10), offset=1, limits=limits, now=1.0)
+    ranges = [(o.seq_from, o.seq_to) for o in decode_all(out)]
+    assert ranges == [(1, 4), (5, 8), (9, 10)]
+
+
+def test_debounce_merges_with_sdk_semantics_and_flushes_on_max_wait() -> None:
+    limits = Limits(threshold=100, max_actions_per_batch=100, debounce_ms=200, debounce_max_ms=500)
+    state, out = apply_payload(None, payload(2), offset=1, limits=limits, now=0.0)
+    assert out == []
+    for i, t in enumerate((0.1, 0.2, 0.3, 0.4)):  # steady traffic: never 200 ms quiet
+        state, out = apply_payload(state, payload(1, start=2 + i), offset=2 + i, limits=limits, now=t)
+        assert out == []
+    assert not debounce_due(state, limits, now=0.45)
+    assert debounce_due(state, limits, now=0.5)  # the max wait flushes anyway
+    (merged,) = decode_all(flush_debounce(state, limits, now=0.5))
+    assert (merged.seq_from, merged.seq_to) == (1, 6)
+    assert [a.index for a in merged.payload.actions] == [0, 1, 2, 3, 4, 5]  # re-indexed, like merge()
+
+
+def test_idle_close_summarises_what_is_pending() -> None:
+    limits = Limits(threshold=10, max_actions_per_batch=100)
+    state, _ = apply_payload(None, payload(3), offset=5, limits=limits, now=0.0)
+    (request,) = decode_all(close_idle(state, limits, now=400.0))
+    assert request.final and (request.seq_from, request.seq_to) == (1, 3)
+    assert close_idle(state, limits, now=401.0) == []
