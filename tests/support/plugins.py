@@ -1,0 +1,44 @@
+"""Plug-ins that test workers load by dotted path from settings, as users would."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+
+from agents.prompting import default_format_actions
+from schemas import ActionsPayload
+from sinks.base import Operation
+from sinks.context import SessionContext
+from streams.settings import Settings
+
+
+def format_with_session(payloads: list[ActionsPayload]) -> str:
+    """A custom ``format_actions`` that names the session, so a fake LLM can tell sessions apart."""
+    return f"Session {payloads[0].session_id}\n{default_format_actions(payloads)}"
+
+
+class RecordingSink:
+    """Appends every operation it is given to a JSON-lines file, in application order."""
+
+    name = "recorder"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RecordingSink:
+        return cls(Path(os.environ["AC_RECORD_FILE"]))
+
+    async def apply(self, op: Operation, context: SessionContext) -> None:
+        with self.path.open("ab") as handle:
+            handle.write(orjson.dumps(op.model_dump(mode="json", exclude={"payload"})) + b"\n")
+
+
+def read_records(path: Path) -> list[dict[str, object]]:
+    if not path.exists():
+        return []
+    lines = path.read_bytes().splitlines()
+    return [orjson.loads(line) for line in lines if line.strip()]

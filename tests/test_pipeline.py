@@ -1,0 +1,201 @@
+"""The core pipeline end to end on a real broker, with a real HTTP LLM on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas import ActionsPayload
+from sinks.files import context_file
+from streams.synthetic import interleaved_payloads, plan_sessions
+from tests.fakes.openai_server import FakeOpenAIServer
+from tests.support.pipeline import (
+    Pipeline,
+    batches_by_session,
+    expected_summary_ranges,
+    produce,
+)
+from tests.support.waiting import wait_for
+from tests.support.workers import ROOT, Worker
+
+pytestmark = pytest.mark.kafka
+
+RECORDER = "tests.support.plugins:RecordingSink"
+
+
+def llm_env(env: dict[str, str], llm: FakeOpenAIServer, threshold: int, **extra: str) -> dict[str, str]:
+    return {
+        **env,
+        "AC_THRESHOLD": str(threshold),
+        "AC_LLM_API_KEY": "sk-test-not-a-secret",
+        "AC_LLM_BASE_URL": llm.base_url,
+        "AC_FORMAT_ACTIONS": "tests.support.plugins:format_with_session",
+        "AC_IDLE_TIMEOUT_S": "3600",
+        **extra,
+    }
+
+
+def totals(payloads: list[dict[str, Any]]) -> dict[str, int]:
+    return {sid: sum(len(p["actions"]) for p in ps) for sid, ps in batches_by_session(payloads).items()}
+
+
+async def wait_until_summarised(pipe: Pipeline, payloads: list[dict[str, Any]], threshold: int,
+                                timeout: float) -> None:
+    """Every action written and every expected summary applied at the recorder."""
+    expected = expected_summary_ranges(payloads, threshold)
+    want = totals(payloads)
+
+    def progress() -> tuple[int, int]:
+        by = pipe.records_by_session()
+        done = sum(
+            1
+            for sid in want
+            if max((r["seq_to"] for r in by[sid] if r["op"] == "actions_written"), default=0)
+            == want[sid]
+            and len([r for r in by[sid] if r["op"] == "summary_ready"]) >= len(expected[sid])
+        )
+        return done, len(want)
+
+    def finished() -> bool:
+        done, total = progress()
+        return done == total
+
+    await wait_for(finished, timeout=timeout, interval=0.5,
+                   message=lambda: f"sessions complete at the recorder: {progress()}")
+
+
+def check_operation_log(pipe: Pipeline, payloads: list[dict[str, Any]], threshold: int) -> None:
+    expected = expected_summary_ranges(payloads, threshold)
+    for sid, records in pipe.records_by_session().items():
+        writes = [r for r in records if r["op"] == "actions_written"]
+        # Raw batches: contiguous from 1, in order, each exactly once.
+        assert [r["seq_from"] for r in writes] == [1] + [r["seq_to"] + 1 for r in writes[:-1]], sid
+        summaries = [r for r in records if r["op"] == "summary_ready"]
+        assert [s["seq_to"] for s in summaries] == expected[sid], sid
+        # Rolling: each covers the session from 1; the windows are contiguous, never overlapping.
+        assert all(s["seq_from"] == 1 for s in summaries), sid
+        assert [s["window_from"] for s in summaries] == [1] + [s["seq_to"] + 1 for s in summaries[:-1]]
+        # Each summary is applied after every batch it covers.
+        for position, record in enumerate(records):
+            if record["op"] == "summary_ready":
+                applied_before = {r["seq_to"] for r in records[:position] if r["op"] == "actions_written"}
+                covered = {r["seq_to"] for r in writes if r["seq_to"] <= record["seq_to"]}
+                assert covered <= applied_before, (sid, record["seq_to"])
+
+
+def expected_context(payloads: list[dict[str, Any]], last_summary: dict[str, Any] | None) -> str:
+    """What the files sink must hold: the last summary, then exactly the batches after its range."""
+    parts, seq = [], 0
+    if last_summary is not None:
+        parts.append(f"Summary of actions 1-{last_summary['seq_to']}:\n{last_summary['summary']}")
+    covered_to = last_summary["seq_to"] if last_summary else 0
+    for p in payloads:
+        seq += len(p["actions"])
+        if seq > covered_to:
+            parts.append(ActionsPayload.model_validate(p).to_text())
+    return "\n\n".join(parts) + "\n"
+
+
+async def test_rolling_summaries_end_to_end(worker_env: dict[str, str], tmp_path: Path,
+                                            workers: list[Worker]) -> None:
+    threshold = 10
+    payloads = list(interleaved_payloads(plan_sessions(200, mean_length=60, seed=11), seed=11))
+    async with FakeOpenAIServer() as llm:
+        pipe = Pipeline(llm_env(worker_env, llm, threshold), tmp_path, workers)
+        started = [pipe.start_pipeline(), pipe.start_sink("files"), pipe.start_sink(RECORDER)]
+        await asyncio.gather(*(w.wait_ready() for w in started))
+        await produce(pipe.env, payloads)
+        await wait_until_summarised(pipe, payloads, threshold, timeout=300)
+
+        check_operation_log(pipe, payloads, threshold)
+
+        by_session = pipe.records_by_session()
+        prompts: dict[str, list[str]] = {}
+        for request in llm.completed():
+            prompts.setdefault(str(request.session), []).append(request.prompt)
+        for sid, records in by_session.items():
+            summaries = [r["summary"] for r in records if r["op"] == "summary_ready"]
+            assert len(prompts.get(sid, [])) == len(summaries), sid
+            for previous, prompt in zip(summaries, prompts.get(sid, [])[1:], strict=False):
+                assert previous in prompt, f"{sid}: a prompt lacks the previous summary"
+
+        files_dir = Path(pipe.env["AC_FILES_DIR"])
+
+        def files_match() -> list[str]:
+            wrong = []
+            for sid, batches in batches_by_session(payloads).items():
+                summaries = [r for r in by_session[sid] if r["op"] == "summary_ready"]
+                want = expected_context(batches, summaries[-1] if summaries else None)
+                path = context_file(files_dir, sid)
+                if not path.exists() or path.read_text(encoding="utf-8") != want:
+                    wrong.append(sid)
+            return wrong
+
+        await wait_for(lambda: not files_match(), timeout=120, interval=0.5,
+                       message=lambda: f"context files differ for {files_match()[:5]}")
+
+
+async def test_llm_calls_overlap_across_sessions_never_within_one(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    threshold = 5
+    payloads = list(interleaved_payloads(plan_sessions(24, mean_length=25, seed=3), seed=3))
+    async with FakeOpenAIServer(latency_s=0.3) as llm:
+        pipe = Pipeline(llm_env(worker_env, llm, threshold), tmp_path, workers)
+        started = [pipe.start_pipeline(), pipe.start_sink(RECORDER)]
+        await asyncio.gather(*(w.wait_ready() for w in started))
+        await produce(pipe.env, payloads)
+        await wait_until_summarised(pipe, payloads, threshold, timeout=180)
+        check_operation_log(pipe, payloads, threshold)
+        assert llm.max_in_flight > 1
+        assert max(llm.max_in_flight_by_session.values()) == 1
+
+
+async def test_llm_outage_loses_nothing_and_the_breaker_recovers(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    threshold = 5
+    payloads = list(interleaved_payloads(plan_sessions(30, mean_length=20, seed=5), seed=5))
+    async with FakeOpenAIServer(retry_after_s=0.5, timeout_hold_s=5) as llm:
+        env = llm_env(worker_env, llm, threshold, AC_LLM_TIMEOUT_S="1", AC_BREAKER_FAILURES="3",
+                      AC_BREAKER_RESET_S="1", AC_LLM_RETRY_MAX_WAIT_S="1", AC_LLM_RETRY_BUDGET_S="120")
+        pipe = Pipeline(env, tmp_path, workers)
+        pipeline = pipe.start_pipeline()
+        started = [pipeline, pipe.start_sink(RECORDER)]
+        await asyncio.gather(*(w.wait_ready() for w in started))
+        llm.fail("429", "timeout", "500")
+        llm.fail_for("500", 6)
+        await produce(pipe.env, payloads)
+        await wait_until_summarised(pipe, payloads, threshold, timeout=180)
+        check_operation_log(pipe, payloads, threshold)
+        failed_modes = {r.mode for r in llm.requests if r.mode != "ok"}
+        assert {"429", "timeout", "500"} <= failed_modes
+        log = pipeline.log_text()
+        assert "LLM circuit breaker opened" in log
+        assert "LLM circuit breaker closed" in log
+        assert log.index("LLM circuit breaker opened") < log.rindex("LLM circuit breaker closed")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"AC_PROMPT": "Summarise the session please."}, "must contain {actions}"),
+        ({"AC_PROMPT": "Actions: {actions} {0}"}, "does not format"),
+        ({"AC_THRESHOLD": "0"}, "AC_THRESHOLD must be >= 1"),
+    ],
+)
+def test_bad_configuration_stops_the_worker_at_start(env: dict[str, str], message: str,
+                                                      tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "faust", "-A", "agents.app", "worker"],
+        cwd=ROOT, env={**os.environ, "AC_DATA_DIR": str(tmp_path), **env},
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode != 0
+    assert message in done.stderr + done.stdout
