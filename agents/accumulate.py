@@ -15,7 +15,6 @@ from collections.abc import Iterable
 
 import faust
 
-from streams.dead_letters import DeadLetterWriter
 from agents.session_state import (
     Emission,
     Limits,
@@ -29,6 +28,7 @@ from agents.session_state import (
 from schemas import ActionsPayload, InvalidMessage, decode
 from streams import metrics
 from streams.app import ContextApp
+from streams.dead_letters import DeadLetterWriter
 from streams.tables import session_table
 from streams.topics import Topics
 
@@ -63,9 +63,7 @@ def register(app: ContextApp, topics: Topics) -> faust.Table:
 
     async def emit(emissions: Iterable[tuple[str, Emission]]) -> None:
         """Produce in order and wait until the broker acknowledged every message."""
-        futures = [
-            await out_topics[e.topic].send(key=sid, value=e.value) for sid, e in emissions
-        ]
+        futures = [await out_topics[e.topic].send(key=sid, value=e.value) for sid, e in emissions]
         await asyncio.gather(*futures)
 
     async def apply_events(events: list[faust.EventT]) -> None:

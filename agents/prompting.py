@@ -88,7 +88,9 @@ def build_prompt(
     actions = _as_data(formatter(payloads))
     previous = previous_summary or "(none yet: this is the start of the session)"
     if "{previous_summary}" not in template and previous_summary:
-        actions = f"Previous summary of this session:\n{previous_summary}\n\nNew actions:\n{actions}"
+        actions = (
+            f"Previous summary of this session:\n{previous_summary}\n\nNew actions:\n{actions}"
+        )
     return template.format(actions=actions, previous_summary=previous)
 
 

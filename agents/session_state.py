@@ -64,7 +64,10 @@ def _chunks(payload: ActionsPayload, size: int) -> list[ActionsPayload]:
         return [payload]
     return [
         payload.model_copy(
-            update={"actions": payload.actions[i : i + size], "count": len(payload.actions[i : i + size])}
+            update={
+                "actions": payload.actions[i : i + size],
+                "count": len(payload.actions[i : i + size]),
+            }
         )
         for i in range(0, len(payload.actions), size)
     ]

@@ -17,7 +17,6 @@ from typing import Any
 import faust
 import orjson
 
-from streams.dead_letters import DeadLetterWriter
 from agents.llm import LLMError
 from agents.summarizers import Summarizer
 from schemas import (
@@ -31,6 +30,7 @@ from schemas import (
 )
 from streams import metrics
 from streams.app import ContextApp
+from streams.dead_letters import DeadLetterWriter
 from streams.lanes import Lanes
 from streams.tables import session_table
 from streams.topics import Topics
@@ -93,8 +93,9 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> faust.T
         fut = await topics.context.send(key=request.session_id, value=encode(op))
         await fut
 
-    async def give_up(event: faust.EventT, request: SummarizeRequest, state: SummaryState,
-                      error: LLMError) -> None:
+    async def give_up(
+        event: faust.EventT, request: SummarizeRequest, state: SummaryState, error: LLMError
+    ) -> None:
         """Keep the raw context, record the failure, and carry the actions forward."""
         message = event.message
         await dead_letters.write_letter(

@@ -17,6 +17,7 @@ __all__ = [
     "ActionsWritten",
     "ContextOperation",
     "SeqRange",
+    "SessionLink",
     "SummarizeRequest",
     "SummaryReady",
     "context_operation_adapter",
@@ -96,3 +97,11 @@ ContextOperation = Annotated[ActionsWritten | SummaryReady, Field(discriminator=
 context_operation_adapter: TypeAdapter[ActionsWritten | SummaryReady] = TypeAdapter(
     ContextOperation
 )
+
+
+class SessionLink(BaseModel):
+    """A session is now tied to a conversation (e.g. from an Intercom webhook)."""
+
+    session_id: str = Field(min_length=1)
+    conversation_id: str = Field(min_length=1)
+    linked_at: float = 0.0

@@ -6,14 +6,12 @@ slow or failing destination never delays the pipeline or another sink.
 
 from __future__ import annotations
 
-
 from sinks import runner
 from sinks.registry import load_sink
 from streams.app import create_app
 from streams.settings import load_settings
 from streams.topics import declare_topics
 from streams.web import add_operational_pages
-
 
 settings = load_settings()
 sink = load_sink(settings.sink, settings)

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from schemas import ActionsWritten, SummaryReady
 from sinks.context import SessionContext
 
-__all__ = ["CallbackSink", "ContextSink", "PermanentSinkError"]
+__all__ = ["CallbackSink", "ContextSink", "LinkAwareSink", "PermanentSinkError"]
 
 Operation = ActionsWritten | SummaryReady
 
@@ -31,6 +31,19 @@ class ContextSink(Protocol):
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         """Deliver ``op``. Must be idempotent for a redelivery after a crash."""
+        ...
+
+
+@runtime_checkable
+class LinkAwareSink(ContextSink, Protocol):
+    """A sink whose destination needs a session linked first (an Intercom conversation).
+
+    The runner then also consumes the ``links`` topic, in the same per-session
+    lane as the session's operations, and calls :meth:`link` with the context.
+    """
+
+    async def link(self, session_id: str, conversation_id: str, context: SessionContext) -> None:
+        """Record the link in ``context.extra`` and deliver what waited for it."""
         ...
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import faust
 from faust.web import Request, Response, View
@@ -21,8 +23,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from schemas import InvalidMessage, context_operation_adapter
-from sinks.base import ContextSink, Operation, PermanentSinkError
+from schemas import InvalidMessage, SessionLink, context_operation_adapter, decode
+from sinks.base import ContextSink, LinkAwareSink, Operation, PermanentSinkError
 from sinks.context import SessionContext, Skip
 from streams import metrics
 from streams.app import ContextApp
@@ -36,6 +38,8 @@ __all__ = ["register"]
 log = logging.getLogger(__name__)
 
 RETRY_MAX_WAIT_S = 30.0
+
+LaneItem = tuple[faust.StreamT[bytes], faust.EventT, "Operation | SessionLink"]
 
 
 def _decode(raw: bytes | None) -> Operation:
@@ -54,7 +58,9 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> faust.Table:
 
     def load(session_id: str) -> SessionContext:
         raw = contexts.get(session_id)
-        return SessionContext(session_id=session_id) if raw is None else SessionContext.from_bytes(raw)
+        return (
+            SessionContext(session_id=session_id) if raw is None else SessionContext.from_bytes(raw)
+        )
 
     def log_retry(state: RetryCallState) -> None:
         metrics.SINK_RETRIES.labels(sink.name).inc()
@@ -68,7 +74,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> faust.Table:
             state.next_action.sleep if state.next_action else 0.0,
         )
 
-    async def deliver(op: Operation, context: SessionContext) -> None:
+    async def deliver(call: Callable[[], Awaitable[None]]) -> None:
         """Retry until the destination takes it; order is kept because the lane waits."""
         async for attempt in AsyncRetrying(
             retry=retry_if_not_exception_type(PermanentSinkError),
@@ -77,44 +83,63 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> faust.Table:
             reraise=True,
         ):
             with attempt:
-                await sink.apply(op, context)
+                await call()
 
-    async def handle(session_id: str, item: tuple[faust.EventT, Operation]) -> None:
-        event, op = item
+    async def apply_operation(session_id: str, event: faust.EventT, op: Operation) -> None:
         try:
             context = load(session_id).advanced(op)
         except Skip:
             metrics.REPLAYS_SKIPPED.labels(f"sink-{sink.name}").inc()
-            await stream_ref[0].ack(event)
             return
         outcome = "applied"
         try:
-            await deliver(op, context)
+            await deliver(lambda: sink.apply(op, context))
         except PermanentSinkError as exc:
             outcome = "refused"
             await dead_letters.write(event.message, f"{sink.name} refused {op.op}: {exc}")
         contexts[session_id] = context.to_bytes()
         metrics.SINK_OPERATIONS.labels(sink.name, op.op, outcome).inc()
         metrics.END_TO_END.labels(sink.name).observe(max(time.time() - op.emitted_at, 0.0))
-        await stream_ref[0].ack(event)
 
-    lanes: Lanes[tuple[faust.EventT, Operation]] = Lanes(
-        handle, max_pending=settings.max_in_flight_requests
-    )
-    stream_ref: list[faust.StreamT[bytes]] = []
+    async def apply_link(session_id: str, event: faust.EventT, link: SessionLink) -> None:
+        assert isinstance(sink, LinkAwareSink)
+        context = load(session_id)
+        try:
+            await deliver(lambda: sink.link(session_id, link.conversation_id, context))
+        except PermanentSinkError as exc:
+            await dead_letters.write(event.message, f"{sink.name} refused link: {exc}")
+        contexts[session_id] = context.to_bytes()
 
-    @app.agent(topics.context, name=f"sink-{sink.name}")
-    async def run_sink(stream: faust.StreamT[bytes]) -> None:
+    async def handle(session_id: str, item: LaneItem) -> None:
+        stream, event, message = item
+        if isinstance(message, SessionLink):
+            await apply_link(session_id, event, message)
+        else:
+            await apply_operation(session_id, event, message)
+        await stream.ack(event)  # only now may Faust commit past this offset
+
+    lanes: Lanes[LaneItem] = Lanes(handle, max_pending=settings.max_in_flight_requests)
+
+    async def consume(stream: faust.StreamT[bytes], decode: Callable[[bytes | None], Any]) -> None:
         manual = stream.noack()
-        stream_ref[:] = [manual]
         async for event in manual.events():
             try:
-                op = _decode(event.message.value)
+                message = decode(event.message.value)
             except InvalidMessage as exc:
                 await dead_letters.write(event.message, exc.reason)
                 await manual.ack(event)
                 continue
-            await lanes.submit(op.session_id, (event, op))
+            await lanes.submit(message.session_id, (manual, event, message))
+
+    @app.agent(topics.context, name=f"sink-{sink.name}")
+    async def run_sink(stream: faust.StreamT[bytes]) -> None:
+        await consume(stream, _decode)
+
+    if isinstance(sink, LinkAwareSink):
+
+        @app.agent(topics.links, name=f"sink-{sink.name}-links")
+        async def run_links(stream: faust.StreamT[bytes]) -> None:
+            await consume(stream, lambda raw: decode(SessionLink, raw))
 
     @app.page("/sessions/{session_id}/context")
     @app.table_route(table=contexts, match_info="session_id")

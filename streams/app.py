@@ -31,7 +31,7 @@ class ContextApp(faust.App):
         self.settings = settings
 
     async def on_first_start(self) -> None:
-        Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)
+        Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
         await ensure_topics(self.settings)
         await super().on_first_start()
 

@@ -10,7 +10,9 @@ REPLAYS_SKIPPED = Counter(
 )
 ACTIVE_SESSIONS = Gauge("ac_active_sessions", "Sessions with state in this worker's table")
 SESSIONS_EXPIRED = Counter("ac_sessions_expired_total", "Idle sessions closed and expired")
-DEAD_LETTERS = Counter("ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"])
+DEAD_LETTERS = Counter(
+    "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]
+)
 SUMMARIES = Counter("ac_summaries_total", "Summaries emitted", ["outcome"])
 LLM_LATENCY = Histogram(
     "ac_llm_latency_seconds",

@@ -18,8 +18,16 @@ PAGES = {
     "/projects": ["Opened project Apollo", "Sorted projects by date", "Searched projects for 'q3'"],
     "/projects/:id/tasks": ["Created task 'Fix login bug'", "Assigned task to Dana", "Closed task"],
     "/reports": ["Opened revenue report", "Clicked Export CSV", "Changed report filter to EMEA"],
-    "/settings/billing": ["Opened billing settings", "Clicked Upgrade plan", "Entered card details"],
-    "/settings/team": ["Clicked Invite teammate", "Entered teammate email", "Changed role to Admin"],
+    "/settings/billing": [
+        "Opened billing settings",
+        "Clicked Upgrade plan",
+        "Entered card details",
+    ],
+    "/settings/team": [
+        "Clicked Invite teammate",
+        "Entered teammate email",
+        "Changed role to Admin",
+    ],
     "/integrations": ["Opened Slack integration", "Clicked Connect", "Saw error 'OAuth failed'"],
     "/help": ["Searched help for 'export limits'", "Opened article 'CSV exports'"],
 }
@@ -34,7 +42,9 @@ class SessionPlan:
     length: int
 
 
-def plan_sessions(count: int, *, mean_length: int = 60, seed: int = 7, prefix: str = "ps") -> list[SessionPlan]:
+def plan_sessions(
+    count: int, *, mean_length: int = 60, seed: int = 7, prefix: str = "ps"
+) -> list[SessionPlan]:
     rng = random.Random(seed)
     low, high = max(1, mean_length // 3), mean_length * 5 // 3
     return [
@@ -48,7 +58,9 @@ def plan_sessions(count: int, *, mean_length: int = 60, seed: int = 7, prefix: s
     ]
 
 
-def _action(rng: random.Random, plan: SessionPlan, index: int, page: str, ts: float) -> dict[str, object]:
+def _action(
+    rng: random.Random, plan: SessionPlan, index: int, page: str, ts: float
+) -> dict[str, object]:
     description = rng.choice(PAGES[page])
     kind = next((t for word, t in TYPES.items() if description.startswith(word)), "click")
     if index == 0 or rng.random() < 0.25:
@@ -70,7 +82,9 @@ def _action(rng: random.Random, plan: SessionPlan, index: int, page: str, ts: fl
     }
 
 
-def _session_payloads(plan: SessionPlan, seed: int, product_id: str, start: float) -> Iterator[dict[str, object]]:
+def _session_payloads(
+    plan: SessionPlan, seed: int, product_id: str, start: float
+) -> Iterator[dict[str, object]]:
     rng = random.Random(f"{seed}:{plan.session_id}")
     page = "/dashboard"
     index, ts = 0, start

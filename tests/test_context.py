@@ -10,14 +10,24 @@ from sinks.context import SessionContext, Skip
 
 def written(a: int, b: int, generation: int = 0) -> ActionsWritten:
     return ActionsWritten(
-        session_id="s", generation=generation, seq_from=a, seq_to=b, text=f"batch {a}-{b}",
-        payload=ActionsPayload(session_id="s"), emitted_at=0.0,
+        session_id="s",
+        generation=generation,
+        seq_from=a,
+        seq_to=b,
+        text=f"batch {a}-{b}",
+        payload=ActionsPayload(session_id="s"),
+        emitted_at=0.0,
     )
 
 
 def summary(to: int, text: str = "sum", final: bool = False) -> SummaryReady:
     return SummaryReady(
-        session_id="s", seq_from=1, seq_to=to, window_from=1, summary=text, final=final,
+        session_id="s",
+        seq_from=1,
+        seq_to=to,
+        window_from=1,
+        summary=text,
+        final=final,
         emitted_at=0.0,
     )
 

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.kafka
 RECORDER = "tests.support.plugins:RecordingSink"
 
 
-def llm_env(env: dict[str, str], llm: FakeOpenAIServer, threshold: int, **extra: str) -> dict[str, str]:
+def llm_env(
+    env: dict[str, str], llm: FakeOpenAIServer, threshold: int, **extra: str
+) -> dict[str, str]:
     return {
         **env,
         "AC_THRESHOLD": str(threshold),
@@ -42,11 +44,14 @@ def llm_env(env: dict[str, str], llm: FakeOpenAIServer, threshold: int, **extra:
 
 
 def totals(payloads: list[dict[str, Any]]) -> dict[str, int]:
-    return {sid: sum(len(p["actions"]) for p in ps) for sid, ps in batches_by_session(payloads).items()}
+    return {
+        sid: sum(len(p["actions"]) for p in ps) for sid, ps in batches_by_session(payloads).items()
+    }
 
 
-async def wait_until_summarised(pipe: Pipeline, payloads: list[dict[str, Any]], threshold: int,
-                                timeout: float) -> None:
+async def wait_until_summarised(
+    pipe: Pipeline, payloads: list[dict[str, Any]], threshold: int, timeout: float
+) -> None:
     """Every action written and every expected summary applied at the recorder."""
     expected = expected_summary_ranges(payloads, threshold)
     want = totals(payloads)
@@ -66,8 +71,12 @@ async def wait_until_summarised(pipe: Pipeline, payloads: list[dict[str, Any]], 
         done, total = progress()
         return done == total
 
-    await wait_for(finished, timeout=timeout, interval=0.5,
-                   message=lambda: f"sessions complete at the recorder: {progress()}")
+    await wait_for(
+        finished,
+        timeout=timeout,
+        interval=0.5,
+        message=lambda: f"sessions complete at the recorder: {progress()}",
+    )
 
 
 def check_operation_log(pipe: Pipeline, payloads: list[dict[str, Any]], threshold: int) -> None:
@@ -80,11 +89,15 @@ def check_operation_log(pipe: Pipeline, payloads: list[dict[str, Any]], threshol
         assert [s["seq_to"] for s in summaries] == expected[sid], sid
         # Rolling: each covers the session from 1; the windows are contiguous, never overlapping.
         assert all(s["seq_from"] == 1 for s in summaries), sid
-        assert [s["window_from"] for s in summaries] == [1] + [s["seq_to"] + 1 for s in summaries[:-1]]
+        assert [s["window_from"] for s in summaries] == [1] + [
+            s["seq_to"] + 1 for s in summaries[:-1]
+        ]
         # Each summary is applied after every batch it covers.
         for position, record in enumerate(records):
             if record["op"] == "summary_ready":
-                applied_before = {r["seq_to"] for r in records[:position] if r["op"] == "actions_written"}
+                applied_before = {
+                    r["seq_to"] for r in records[:position] if r["op"] == "actions_written"
+                }
                 covered = {r["seq_to"] for r in writes if r["seq_to"] <= record["seq_to"]}
                 assert covered <= applied_before, (sid, record["seq_to"])
 
@@ -102,8 +115,9 @@ def expected_context(payloads: list[dict[str, Any]], last_summary: dict[str, Any
     return "\n\n".join(parts) + "\n"
 
 
-async def test_rolling_summaries_end_to_end(worker_env: dict[str, str], tmp_path: Path,
-                                            workers: list[Worker]) -> None:
+async def test_rolling_summaries_end_to_end(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
     threshold = 10
     payloads = list(interleaved_payloads(plan_sessions(200, mean_length=60, seed=11), seed=11))
     async with FakeOpenAIServer() as llm:
@@ -137,8 +151,12 @@ async def test_rolling_summaries_end_to_end(worker_env: dict[str, str], tmp_path
                     wrong.append(sid)
             return wrong
 
-        await wait_for(lambda: not files_match(), timeout=120, interval=0.5,
-                       message=lambda: f"context files differ for {files_match()[:5]}")
+        await wait_for(
+            lambda: not files_match(),
+            timeout=120,
+            interval=0.5,
+            message=lambda: f"context files differ for {files_match()[:5]}",
+        )
 
 
 async def test_llm_calls_overlap_across_sessions_never_within_one(
@@ -163,8 +181,16 @@ async def test_llm_outage_loses_nothing_and_the_breaker_recovers(
     threshold = 5
     payloads = list(interleaved_payloads(plan_sessions(30, mean_length=20, seed=5), seed=5))
     async with FakeOpenAIServer(retry_after_s=0.5, timeout_hold_s=5) as llm:
-        env = llm_env(worker_env, llm, threshold, AC_LLM_TIMEOUT_S="1", AC_BREAKER_FAILURES="3",
-                      AC_BREAKER_RESET_S="1", AC_LLM_RETRY_MAX_WAIT_S="1", AC_LLM_RETRY_BUDGET_S="120")
+        env = llm_env(
+            worker_env,
+            llm,
+            threshold,
+            AC_LLM_TIMEOUT_S="1",
+            AC_BREAKER_FAILURES="3",
+            AC_BREAKER_RESET_S="1",
+            AC_LLM_RETRY_MAX_WAIT_S="1",
+            AC_LLM_RETRY_BUDGET_S="120",
+        )
         pipe = Pipeline(env, tmp_path, workers)
         pipeline = pipe.start_pipeline()
         started = [pipeline, pipe.start_sink(RECORDER)]
@@ -190,12 +216,17 @@ async def test_llm_outage_loses_nothing_and_the_breaker_recovers(
         ({"AC_THRESHOLD": "0"}, "AC_THRESHOLD must be >= 1"),
     ],
 )
-def test_bad_configuration_stops_the_worker_at_start(env: dict[str, str], message: str,
-                                                      tmp_path: Path) -> None:
+def test_bad_configuration_stops_the_worker_at_start(
+    env: dict[str, str], message: str, tmp_path: Path
+) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "faust", "-A", "agents.app", "worker"],
-        cwd=ROOT, env={**os.environ, "AC_DATA_DIR": str(tmp_path), **env},
-        capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT,
+        env={**os.environ, "AC_DATA_DIR": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode != 0
     assert message in done.stderr + done.stdout

@@ -14,11 +14,28 @@ from hypothesis import strategies as st
 from schemas import ActionsPayload, InvalidMessage, decode
 
 ACTION_FIELDS = (
-    "title", "description", "canonical_url", "index", "type", "timestamp_start",
-    "timestamp_end", "raw_url", "session_id", "user_id", "email", "conversation_id",
+    "title",
+    "description",
+    "canonical_url",
+    "index",
+    "type",
+    "timestamp_start",
+    "timestamp_end",
+    "raw_url",
+    "session_id",
+    "user_id",
+    "email",
+    "conversation_id",
 )
-PAYLOAD_FIELDS = ("product_id", "session_id", "user_id", "email", "count", "forwarded_at",
-                  "conversation_id")
+PAYLOAD_FIELDS = (
+    "product_id",
+    "session_id",
+    "user_id",
+    "email",
+    "count",
+    "forwarded_at",
+    "conversation_id",
+)
 
 # The SDK warns on every count mismatch; that noise says nothing here.
 logging.getLogger("autoplay_sdk").setLevel(logging.ERROR)
@@ -105,12 +122,29 @@ def test_merge_of_nothing_is_an_error_like_the_sdk() -> None:
 
 def test_json_round_trip_keeps_every_field() -> None:
     raw = {
-        "product_id": "p", "session_id": "s", "user_id": "u", "email": "e@x", "count": 1,
-        "forwarded_at": 2.5, "conversation_id": "c",
-        "actions": [{"title": "t", "description": "d", "canonical_url": "/u", "index": 3,
-                     "type": "click", "timestamp_start": 1.0, "timestamp_end": 2.0,
-                     "raw_url": "/u?x", "session_id": "s", "user_id": "u", "email": "e@x",
-                     "conversation_id": "c"}],
+        "product_id": "p",
+        "session_id": "s",
+        "user_id": "u",
+        "email": "e@x",
+        "count": 1,
+        "forwarded_at": 2.5,
+        "conversation_id": "c",
+        "actions": [
+            {
+                "title": "t",
+                "description": "d",
+                "canonical_url": "/u",
+                "index": 3,
+                "type": "click",
+                "timestamp_start": 1.0,
+                "timestamp_end": 2.0,
+                "raw_url": "/u?x",
+                "session_id": "s",
+                "user_id": "u",
+                "email": "e@x",
+                "conversation_id": "c",
+            }
+        ],
     }
     parsed = decode(ActionsPayload, orjson.dumps(raw))
     assert decode(ActionsPayload, orjson.dumps(parsed.model_dump(mode="json"))) == parsed

@@ -76,13 +76,22 @@ def test_debounce_merges_with_sdk_semantics_and_flushes_on_max_wait() -> None:
     state, out = apply_payload(None, payload(2), offset=1, limits=limits, now=0.0)
     assert out == []
     for i, t in enumerate((0.1, 0.2, 0.3, 0.4)):  # steady traffic: never 200 ms quiet
-        state, out = apply_payload(state, payload(1, start=2 + i), offset=2 + i, limits=limits, now=t)
+        state, out = apply_payload(
+            state, payload(1, start=2 + i), offset=2 + i, limits=limits, now=t
+        )
         assert out == []
     assert not debounce_due(state, limits, now=0.45)
     assert debounce_due(state, limits, now=0.5)  # the max wait flushes anyway
     (merged,) = decode_all(flush_debounce(state, limits, now=0.5))
     assert (merged.seq_from, merged.seq_to) == (1, 6)
-    assert [a.index for a in merged.payload.actions] == [0, 1, 2, 3, 4, 5]  # re-indexed, like merge()
+    assert [a.index for a in merged.payload.actions] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]  # re-indexed, like merge()
 
 
 def test_idle_close_summarises_what_is_pending() -> None:

@@ -45,5 +45,7 @@ def kafka_broker() -> Iterator[str]:
             yield kafka.get_bootstrap_server()
         return
     port = os.environ.get("KAFKA_PORT", "9092")
-    subprocess.run(["bash", str(KAFKA_SCRIPT), "start"], check=True, env={**os.environ, "KAFKA_PORT": port})
+    subprocess.run(
+        ["bash", str(KAFKA_SCRIPT), "start"], check=True, env={**os.environ, "KAFKA_PORT": port}
+    )
     yield f"127.0.0.1:{port}"

@@ -29,13 +29,15 @@ async def produce(env: dict[str, str], payloads: list[dict[str, Any]]) -> None:
     """Produce like a connector would: JSON keyed by session_id, acknowledged by the broker."""
     settings = settings_from(env)
     await ensure_topics(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap_servers, acks="all",
-                                linger_ms=5)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap_servers, acks="all", linger_ms=5
+    )
     await producer.start()
     try:
         futures = [
-            await producer.send(settings.topic("actions"), orjson.dumps(p),
-                                key=str(p["session_id"]).encode())
+            await producer.send(
+                settings.topic("actions"), orjson.dumps(p), key=str(p["session_id"]).encode()
+            )
             for p in payloads
         ]
         for fut in futures:
@@ -77,8 +79,9 @@ class Pipeline:
         self.record_file = self.workdir / "records.jsonl"
 
     def start_pipeline(self, **env: str) -> Worker:
-        worker = Worker("agents.app", {**self.env, **env},
-                        self.workdir / f"pipeline-{len(self.workers)}.log").start()
+        worker = Worker(
+            "agents.app", {**self.env, **env}, self.workdir / f"pipeline-{len(self.workers)}.log"
+        ).start()
         self.workers.append(worker)
         return worker
 

@@ -53,9 +53,24 @@ class Worker:
         env.pop("OPENAI_API_KEY", None)  # tests choose their LLM explicitly
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", self.module, "worker", "-l", "info",
-             "--web-port", str(self.web_port), "--web-host", "127.0.0.1"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "faust",
+                "-A",
+                self.module,
+                "worker",
+                "-l",
+                "info",
+                "--web-port",
+                str(self.web_port),
+                "--web-host",
+                "127.0.0.1",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         return self
 
@@ -69,7 +84,9 @@ class Worker:
                 raise AssertionError(f"worker {self.module} exited:\n{self.log_text()[-4000:]}")
             return "Ready" in self.log_text()
 
-        await wait_for(ready, timeout=timeout, interval=0.1, message=lambda: self.log_text()[-3000:])
+        await wait_for(
+            ready, timeout=timeout, interval=0.1, message=lambda: self.log_text()[-3000:]
+        )
         return self
 
     @property
