@@ -36,6 +36,7 @@ class SessionContext(BaseModel):
     actions_to: int = 0  # highest action sequence number applied
     batches: list[Batch] = Field(default_factory=list)
     closed: bool = False
+    summaries: int = 0  # how many summaries this context has taken (for operators)
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
@@ -68,6 +69,7 @@ class SessionContext(BaseModel):
                 # A batch that arrived while the LLM was busy is not covered: it stays.
                 "batches": [b for b in base.batches if b.seq_from > op.seq_to],
                 "closed": op.final,
+                "summaries": base.summaries + 1,
             },
             deep=True,
         )

@@ -154,6 +154,9 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> faust.Table:
                 "session_id": session_id,
                 "summary": context.summary,
                 "summary_covers": [1, context.summary_to] if context.summary else None,
+                "summaries": context.summaries,
+                "actions_applied": context.actions_to,
+                "closed": context.closed,
                 "actions": [b.model_dump() for b in context.batches],
                 "text": context.render(),
             }
