@@ -7,6 +7,7 @@ rolling summaries. Sinks run as their own workers (``sinks.app``).
 from __future__ import annotations
 
 from agents import accumulate, summarize
+from agents.ingest_http import ingest_app_from_settings, optional_ingest_settings
 from agents.summarizers import build_summarizer
 from streams.app import create_app
 from streams.settings import load_settings
@@ -20,3 +21,5 @@ topics = declare_topics(app, settings)
 sessions = accumulate.register(app, topics)
 summaries = summarize.register(app, topics, summarizer)
 add_operational_pages(app)
+if ingest_settings := optional_ingest_settings():  # AC_INGEST_SECRET or ..._ALLOW_UNSIGNED
+    app.mount("/ingest", lambda: ingest_app_from_settings(settings, ingest_settings))

@@ -34,7 +34,7 @@ from streams.producer import (
     RawActionsSink,
     dead_letter_writer,
 )
-from streams.settings import ConfigurationError, load_settings
+from streams.settings import ConfigurationError, Settings, load_settings
 from streams.topics import ensure_topics
 
 __all__ = ["SIGNATURE_HEADER", "IngestSettings", "create_ingest_app", "sign"]
@@ -232,6 +232,25 @@ def _load_ingest_settings() -> IngestSettings:
     return ingest
 
 
+def optional_ingest_settings() -> IngestSettings | None:
+    """The ingest settings when the operator enabled ingest in the worker, else ``None``."""
+    ingest = IngestSettings()
+    if ingest.secret is None and not ingest.allow_unsigned:
+        return None
+    return ingest
+
+
+def ingest_app_from_settings(settings: Settings, ingest: IngestSettings) -> web.Application:
+    producer = ActionsProducer.from_settings(settings, ack_timeout_s=ingest.produce_timeout_s)
+    return create_ingest_app(
+        producer,
+        secret=ingest.secret,
+        max_body_bytes=ingest.max_body_bytes,
+        produce_timeout_s=ingest.produce_timeout_s,
+        manage_producer=True,
+    )
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = load_settings()
@@ -242,14 +261,7 @@ def main() -> None:
             await ensure_topics(settings)
         except Exception as exc:  # the producer reconnects; requests get 503 until then
             log.warning("ingest: could not ensure topics (%s)", exc)
-        producer = ActionsProducer.from_settings(settings, ack_timeout_s=ingest.produce_timeout_s)
-        return create_ingest_app(
-            producer,
-            secret=ingest.secret,
-            max_body_bytes=ingest.max_body_bytes,
-            produce_timeout_s=ingest.produce_timeout_s,
-            manage_producer=True,
-        )
+        return ingest_app_from_settings(settings, ingest)
 
     log.info("ingest: listening on http://%s:%d/webhook", ingest.host, ingest.port)
     web.run_app(build(), host=ingest.host, port=ingest.port, access_log=None, print=None)

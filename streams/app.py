@@ -8,9 +8,11 @@ consumer group: a slow destination never holds back the pipeline or another sink
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import faust
 
 from streams.settings import Settings
@@ -29,6 +31,16 @@ class ContextApp(faust.App):
     def __init__(self, app_id: str, settings: Settings, **options: Any) -> None:
         super().__init__(app_id, **options)
         self.settings = settings
+        self._mounts: list[tuple[str, Callable[[], aiohttp.web.Application]]] = []
+
+    def mount(self, prefix: str, factory: Callable[[], aiohttp.web.Application]) -> None:
+        """Serve another aiohttp application (e.g. the HTTP ingest) on this worker's port."""
+        self._mounts.append((prefix, factory))
+
+    def on_webserver_init(self, web: Any) -> None:
+        # Called by Faust just before its aiohttp router is frozen.
+        for prefix, factory in self._mounts:
+            web.web_app.add_subapp(prefix, factory())
 
     async def on_first_start(self) -> None:
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
