@@ -1,0 +1,328 @@
+"""Retries, a circuit breaker, a concurrency limit and timeouts around any LLMCallable.
+
+Why each piece:
+- the semaphore bounds load on the provider; it is held only while an attempt
+  runs, so callers backing off do not starve callers ready to go;
+- the breaker (purgatory) stops a fleet of sessions from hammering a provider
+  that is down: while it is open, callers wait for the half-open time and a
+  single probe decides whether it closes again;
+- retries use full-jitter exponential backoff (tenacity), but never shorter than
+  the server's Retry-After, and stop once ``retry_budget_s`` is spent, so a
+  summary is either produced or failed within a known time;
+- the per-attempt timeout protects against user callables that hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final, NoReturn
+
+from purgatory import AsyncCircuitBreakerFactory, ContextChanged, Event
+from purgatory.domain.model import OpenedState
+from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception
+from tenacity.wait import wait_random_exponential
+
+from agents.llm import LLMCallable, LLMError
+from streams.metrics import (
+    BREAKER_STATE,
+    BREAKER_TRANSITIONS,
+    LLM_FAILURES,
+    LLM_IN_FLIGHT,
+    LLM_LATENCY,
+)
+from streams.settings import Settings
+
+if TYPE_CHECKING:  # not re-exported by purgatory; typing only
+    from purgatory.service._async.circuitbreaker import AsyncCircuitBreaker
+
+__all__ = ["LLMUnavailable", "ResilientLLM"]
+
+log = logging.getLogger(__name__)
+
+_CIRCUIT: Final = "llm"
+# Extra time a ResilientLLM built from settings gives an attempt beyond the HTTP
+# client's own timeout, so the client's clearer timeout error normally wins.
+_ATTEMPT_TIMEOUT_GRACE_S: Final = 5.0
+
+
+class LLMUnavailable(LLMError):
+    """The retry budget ran out (or the breaker will not half-open within it).
+
+    ``last_cause`` is the last attempt's error; ``retryable`` mirrors it, so a
+    caller may choose to try the whole summary again later.
+    """
+
+    def __init__(self, message: str, *, last_cause: BaseException | None, attempts: int) -> None:
+        retryable = last_cause.retryable if isinstance(last_cause, LLMError) else True
+        super().__init__(message, retryable=retryable, kind="unavailable")
+        self.last_cause = last_cause
+        self.attempts = attempts
+
+
+class _BreakerOpen(LLMError):
+    """An attempt refused because the breaker is open (or a probe is running)."""
+
+    def __init__(self, wait_s: float, changed: asyncio.Event) -> None:
+        super().__init__(
+            f"LLM circuit breaker is open; next probe in {wait_s:.2f}s",
+            retryable=True,
+            kind="breaker_open",
+        )
+        self.wait_s = wait_s
+        self.changed = changed
+
+
+@dataclass
+class _Call:
+    """Per-call retry state shared by the attempt, wait and sleep hooks."""
+
+    deadline: float | None = None  # monotonic; set when the first attempt starts
+    wake_on_change: asyncio.Event | None = None  # set for breaker waits only
+    attempts: int = 0
+    last_error: LLMError | None = None  # the last real failure, for LLMUnavailable
+    started: float = field(default_factory=time.monotonic)
+
+
+def _should_retry(exc: BaseException) -> bool:
+    return isinstance(exc, LLMError) and exc.retryable and not isinstance(exc, LLMUnavailable)
+
+
+class ResilientLLM:
+    """An LLMCallable that retries, limits concurrency and trips a breaker.
+
+    ``await resilient(prompt)`` returns the answer or raises ``LLMError``:
+    the original non-retryable error at once (e.g. HTTP 401/400), or
+    ``LLMUnavailable`` when the retry budget is spent. Nothing else escapes
+    except ``asyncio.CancelledError``. Use one instance per event loop, shared by
+    every caller in it: the limit and the breaker are only meaningful if shared.
+    """
+
+    def __init__(
+        self,
+        llm: LLMCallable,
+        *,
+        concurrency: int,
+        failure_threshold: int,
+        reset_timeout_s: float,
+        retry_budget_s: float,
+        max_wait_s: float,
+        attempt_timeout_s: float,
+        base_wait_s: float = 0.5,
+    ) -> None:
+        if concurrency < 1 or failure_threshold < 1:
+            raise ValueError("concurrency and failure_threshold must be >= 1")
+        if min(reset_timeout_s, retry_budget_s, max_wait_s, attempt_timeout_s, base_wait_s) <= 0:
+            raise ValueError("timeouts, waits and budgets must be > 0")
+        self._llm = llm
+        self.concurrency = concurrency
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self.failure_threshold = failure_threshold
+        self.reset_timeout_s = reset_timeout_s
+        self.retry_budget_s = retry_budget_s
+        self.max_wait_s = max_wait_s
+        self.attempt_timeout_s = attempt_timeout_s
+        self._backoff = wait_random_exponential(multiplier=base_wait_s, max=max_wait_s)
+        # Non-retryable errors (a bad request, a bad key) prove the endpoint is up:
+        # they must neither count towards opening the breaker nor keep it open.
+        self._breakers = AsyncCircuitBreakerFactory(
+            default_threshold=failure_threshold,
+            default_ttl=reset_timeout_s,
+            exclude=[(LLMError, lambda exc: not exc.retryable)],
+        )
+        self._breakers.add_listener(self._on_breaker_event)
+        self._breaker: AsyncCircuitBreaker | None = None
+        # purgatory lets every call through while half-open; we allow one probe.
+        self._probing = False  # no await between test and set, so a flag suffices
+        self._changed = asyncio.Event()  # replaced (after being set) on each transition
+        self._open = False
+        self.opened_count = 0
+        self.closed_count = 0
+
+    @classmethod
+    def from_settings(cls, llm: LLMCallable, settings: Settings) -> ResilientLLM:
+        return cls(
+            llm,
+            concurrency=settings.llm_concurrency,
+            failure_threshold=settings.breaker_failures,
+            reset_timeout_s=settings.breaker_reset_s,
+            retry_budget_s=settings.llm_retry_budget_s,
+            max_wait_s=settings.llm_retry_max_wait_s,
+            attempt_timeout_s=settings.llm_timeout_s + _ATTEMPT_TIMEOUT_GRACE_S,
+        )
+
+    @property
+    def breaker_open(self) -> bool:
+        """True from the breaker opening until a probe succeeds (half-open included)."""
+        return self._open
+
+    async def __call__(self, prompt: str) -> str:
+        call = _Call()
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_should_retry),
+            wait=lambda state: self._wait(state, call),
+            stop=lambda state: self._out_of_budget(state, call),
+            sleep=lambda seconds: self._sleep(seconds, call),
+        )
+        try:
+            return await retrying(self._attempt, prompt, call)
+        except RetryError as exc:
+            cause = exc.last_attempt.exception()
+            elapsed = time.monotonic() - call.started
+            log.warning("LLM gave up after %d attempts in %.1fs: %s", call.attempts, elapsed, cause)
+            raise LLMUnavailable(
+                f"LLM unavailable after {call.attempts} attempts in {elapsed:.1f}s: {cause}",
+                last_cause=cause,
+                attempts=call.attempts,
+            ) from cause
+
+    async def _attempt(self, prompt: str, call: _Call) -> str:
+        async with self._semaphore:
+            now = time.monotonic()
+            if call.deadline is None:
+                # Queueing for the first slot is backpressure, not failure:
+                # the budget starts with the first attempt.
+                call.deadline = now + self.retry_budget_s
+            elif now >= call.deadline:  # spent queueing for a slot again
+                raise LLMUnavailable(
+                    f"LLM retry budget of {self.retry_budget_s:g}s spent: {call.last_error}",
+                    last_cause=call.last_error,
+                    attempts=call.attempts,
+                )
+            breaker = await self._get_breaker()
+            probing = self._claim_probe(breaker)
+            try:
+                return await self._guarded(breaker, prompt, call)
+            finally:
+                if probing:
+                    self._probing = False
+
+    def _claim_probe(self, breaker: AsyncCircuitBreaker) -> bool:
+        """Refuse the attempt while open; when it may half-open, let one caller probe."""
+        context = breaker.context
+        if context.state == "closed":
+            return False
+        until_half_open = self._until_half_open(breaker)
+        if context.state == "opened" and until_half_open > 0:
+            self._refuse(until_half_open)
+        if self._probing:
+            # A probe is running; its outcome (a transition) wakes us, else this.
+            self._refuse(self.attempt_timeout_s)
+        self._probing = True
+        return True
+
+    def _until_half_open(self, breaker: AsyncCircuitBreaker) -> float:
+        # purgatory stamps opened_at with time.time(), so compare on that clock.
+        opened_at = breaker.context.opened_at or 0.0
+        return opened_at + self.reset_timeout_s - time.time()
+
+    def _refuse(self, wait_s: float) -> NoReturn:
+        LLM_FAILURES.labels("breaker_open").inc()
+        raise _BreakerOpen(max(wait_s, 0.01), self._changed)
+
+    async def _guarded(self, breaker: AsyncCircuitBreaker, prompt: str, call: _Call) -> str:
+        try:
+            await breaker.__aenter__()
+        except OpenedState:  # another attempt reopened it since _claim_probe
+            self._refuse(self._until_half_open(breaker))
+        call.attempts += 1  # counts calls made, not refusals by the breaker
+        remaining = (call.deadline or 0.0) - time.monotonic()
+        timeout_s = min(self.attempt_timeout_s, remaining)
+        started = time.monotonic()
+        LLM_IN_FLIGHT.inc()
+        try:
+            async with asyncio.timeout(timeout_s):
+                answer = await self._llm(prompt)
+            if not isinstance(answer, str):
+                raise TypeError(f"LLM callable returned {type(answer).__name__}, not str")
+        except Exception as exc:
+            failure = self._as_llm_error(exc, timeout_s)
+            call.last_error = failure
+            LLM_FAILURES.labels(failure.kind).inc()
+            log.info("LLM attempt %d failed (%s): %s", call.attempts, failure.kind, failure)
+            # A timeout we shortened to fit the budget says little about the
+            # endpoint, so the breaker is not told (leaving it untouched is neutral).
+            cut_short = isinstance(exc, TimeoutError) and timeout_s < self.attempt_timeout_s
+            if not cut_short:
+                await breaker.__aexit__(type(failure), failure, failure.__traceback__)
+            if failure is exc:
+                raise
+            raise failure from exc
+        # CancelledError (shutdown, rebalance) passes through untouched: it says
+        # nothing about the endpoint, so the breaker is not told either.
+        finally:
+            LLM_IN_FLIGHT.dec()
+        LLM_LATENCY.observe(time.monotonic() - started)
+        await breaker.__aexit__(None, None, None)
+        return answer
+
+    @staticmethod
+    def _as_llm_error(exc: Exception, timeout_s: float) -> LLMError:
+        if isinstance(exc, LLMError):
+            return exc
+        if isinstance(exc, TimeoutError):
+            return LLMError(
+                f"LLM attempt timed out after {timeout_s:.2f}s", retryable=True, kind="timeout"
+            )
+        # A user callable's own exception: assume it is transient.
+        return LLMError(f"LLM callable raised {type(exc).__name__}: {exc}", retryable=True)
+
+    def _wait(self, state: RetryCallState, call: _Call) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        call.wake_on_change = None
+        if isinstance(exc, _BreakerOpen):
+            # Wait for the half-open time (plus a little jitter so waiters do not
+            # arrive together), or less if the breaker changes state meanwhile.
+            call.wake_on_change = exc.changed
+            return exc.wait_s + random.uniform(0.0, min(0.25, self.reset_timeout_s / 10))
+        wait = self._backoff(state)
+        if isinstance(exc, LLMError) and exc.retry_after is not None:
+            wait = max(wait, min(exc.retry_after, self.max_wait_s))
+        return wait
+
+    def _out_of_budget(self, state: RetryCallState, call: _Call) -> bool:
+        # Stop now rather than sleep past the deadline only to give up after it.
+        deadline = call.deadline if call.deadline is not None else call.started
+        return time.monotonic() + state.upcoming_sleep >= deadline
+
+    async def _sleep(self, seconds: float, call: _Call) -> None:
+        changed = call.wake_on_change
+        if changed is None:
+            await asyncio.sleep(seconds)
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await changed.wait()
+
+    async def _get_breaker(self) -> AsyncCircuitBreaker:
+        if self._breaker is None:
+            self._breaker = await self._breakers.get_breaker(_CIRCUIT)
+        return self._breaker
+
+    def _on_breaker_event(self, name: str, event_name: str, event: Event) -> None:
+        if event_name != "state_changed" or not isinstance(event, ContextChanged):
+            return
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()  # wake callers waiting for the breaker
+        if event.state == "opened" and not self._open:
+            self._open = True
+            self.opened_count += 1
+            BREAKER_STATE.set(1)
+            BREAKER_TRANSITIONS.labels(to="open").inc()
+            log.warning(
+                "LLM circuit breaker opened after %d consecutive failures; next probe in %.1fs",
+                self.failure_threshold,
+                self.reset_timeout_s,
+            )
+        elif event.state == "opened":
+            log.info("LLM circuit breaker probe failed; staying open %.1fs", self.reset_timeout_s)
+        elif event.state == "closed" and self._open:
+            self._open = False
+            self.closed_count += 1
+            BREAKER_STATE.set(0)
+            BREAKER_TRANSITIONS.labels(to="closed").inc()
+            log.warning("LLM circuit breaker closed; the LLM answered again")
