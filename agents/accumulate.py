@@ -12,8 +12,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from typing import cast
 
 import faust
+from faust.types import TableT
 
 from agents.session_state import (
     Emission,
@@ -40,7 +42,7 @@ BATCH_MAX = 500
 BATCH_WITHIN_S = 0.005
 
 
-def register(app: ContextApp, topics: Topics) -> faust.Table:
+def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
     """Declare the session table, the agent and its timers on ``app``."""
     settings = app.settings
     limits = Limits(
@@ -96,7 +98,9 @@ def register(app: ContextApp, topics: Topics) -> faust.Table:
 
     @app.agent(topics.actions, name="accumulate")
     async def accumulate(stream: faust.StreamT[bytes]) -> None:
-        async for events in stream.take_events(BATCH_MAX, within=BATCH_WITHIN_S):
+        async for events in cast(faust.Stream[bytes], stream).take_events(
+            BATCH_MAX, within=BATCH_WITHIN_S
+        ):
             async with state_lock:
                 await apply_events(list(events))
 
@@ -119,9 +123,9 @@ def register(app: ContextApp, topics: Topics) -> faust.Table:
                 debouncing.add(sid)  # e.g. restored from the changelog after a restart
         for sid in idle:
             async with state_lock:
-                state = load(sid)
-                if state is not None and now - state.last_seen >= settings.idle_timeout_s:
-                    await close_session(sid, state, now)
+                current = load(sid)  # it may have moved on while we waited for the lock
+                if current is not None and now - current.last_seen >= settings.idle_timeout_s:
+                    await close_session(sid, current, now)
 
     if settings.debounce_ms > 0:
 

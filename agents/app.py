@@ -6,6 +6,8 @@ rolling summaries. Sinks run as their own workers (``sinks.app``).
 
 from __future__ import annotations
 
+from functools import partial
+
 from agents import accumulate, summarize
 from agents.ingest_http import ingest_app_from_settings, optional_ingest_settings
 from agents.summarizers import build_summarizer
@@ -21,5 +23,6 @@ topics = declare_topics(app, settings)
 sessions = accumulate.register(app, topics)
 summaries = summarize.register(app, topics, summarizer)
 add_operational_pages(app)
-if ingest_settings := optional_ingest_settings():  # AC_INGEST_SECRET or ..._ALLOW_UNSIGNED
-    app.mount("/ingest", lambda: ingest_app_from_settings(settings, ingest_settings))
+ingest_settings = optional_ingest_settings()  # AC_INGEST_SECRET or AC_INGEST_ALLOW_UNSIGNED
+if ingest_settings is not None:
+    app.mount("/ingest", partial(ingest_app_from_settings, settings, ingest_settings))

@@ -47,7 +47,7 @@ def offline_summary(previous: str | None, payloads: list[ActionsPayload]) -> str
             pages.remove(page)
         pages.append(page)  # most recent last
     pages = pages[-6:]
-    key = [a.description or a.title for a in actions if _is_key(a)][-3:]
+    key = list(dict.fromkeys(a.description or a.title for a in actions if _is_key(a)))[-3:]
     last = actions[-1] if actions else None
     parts = [f"{before + len(actions)} actions so far.", f"Pages: {', '.join(pages)}."]
     if key:

@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import faust
 import orjson
+from faust.types import TableT
 
 from agents.llm import LLMError
 from agents.summarizers import Summarizer
@@ -63,7 +64,7 @@ def _conversation_id(payloads: list[ActionsPayload]) -> str | None:
     return next((p.conversation_id for p in reversed(payloads) if p.conversation_id), None)
 
 
-def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> faust.Table:
+def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[str, bytes]:
     settings = app.settings
     table = session_table(app, "summaries")
     dead_letters = DeadLetterWriter(topics.dead_letters, stage="summarize")
@@ -146,7 +147,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> faust.T
 
     @app.agent(topics.summarize, name="summarize")
     async def summarize(stream: faust.StreamT[bytes]) -> None:
-        manual = stream.noack()
+        manual = cast(faust.Stream[bytes], stream).noack()
         stream_ref[:] = [manual]
         async for event in manual.events():
             try:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import faust
+from faust.types import TableT
 from faust.web import Request, Response, View
 from tenacity import (
     AsyncRetrying,
@@ -51,7 +52,7 @@ def _decode(raw: bytes | None) -> Operation:
         raise InvalidMessage(f"invalid context operation: {exc}") from None
 
 
-def register(app: ContextApp, topics: Topics, sink: ContextSink) -> faust.Table:
+def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, bytes]:
     settings = app.settings
     contexts = session_table(app, "contexts")
     dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
@@ -121,7 +122,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> faust.Table:
     lanes: Lanes[LaneItem] = Lanes(handle, max_pending=settings.max_in_flight_requests)
 
     async def consume(stream: faust.StreamT[bytes], decode: Callable[[bytes | None], Any]) -> None:
-        manual = stream.noack()
+        manual = cast(faust.Stream[bytes], stream).noack()
         async for event in manual.events():
             try:
                 message = decode(event.message.value)

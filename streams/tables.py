@@ -9,13 +9,14 @@ per-session tasks, which run outside a stream event, write to tables.
 from __future__ import annotations
 
 import faust
+from faust.types import TableT
 
 from streams.app import ContextApp
 
 __all__ = ["session_table"]
 
 
-def session_table(app: ContextApp, name: str) -> faust.Table:
+def session_table(app: ContextApp, name: str) -> TableT[str, bytes]:
     return app.Table(
         name,
         default=None,
