@@ -31,6 +31,7 @@ from schemas import ActionsPayload, InvalidMessage, decode
 from streams import metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
+from streams.lag import OwnedKeys
 from streams.tables import session_table
 from streams.topics import Topics
 
@@ -52,6 +53,8 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         debounce_max_ms=settings.debounce_max_ms,
     )
     sessions = session_table(app, "sessions")
+    # Counted at scrape time, only on this worker's partitions (see OwnedKeys).
+    metrics.ACTIVE_SESSIONS.set_function(OwnedKeys(app, sessions, topics.actions))
     dead_letters = DeadLetterWriter(topics.dead_letters, stage="accumulate")
     out_topics = {"context": topics.context, "summarize": topics.summarize}
     # The agent and the timers both read-modify-write session entries, with
@@ -94,7 +97,6 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         for sid, state in states.items():
             if state is not None:
                 sessions[sid] = state.to_bytes()
-        metrics.ACTIVE_SESSIONS.set(len(sessions))
 
     @app.agent(topics.actions, name="accumulate")
     async def accumulate(stream: faust.StreamT[bytes]) -> None:

@@ -12,6 +12,7 @@ from agents import accumulate, summarize
 from agents.ingest_http import ingest_app_from_settings, optional_ingest_settings
 from agents.summarizers import build_summarizer
 from streams.app import create_app
+from streams.lag import register_lag
 from streams.settings import load_settings
 from streams.topics import declare_topics
 from streams.web import add_operational_pages
@@ -23,6 +24,7 @@ topics = declare_topics(app, settings)
 sessions = accumulate.register(app, topics)
 summaries = summarize.register(app, topics, summarizer)
 add_operational_pages(app)
+register_lag(app)
 ingest_settings = optional_ingest_settings()  # AC_INGEST_SECRET or AC_INGEST_ALLOW_UNSIGNED
 if ingest_settings is not None:
     app.mount("/ingest", partial(ingest_app_from_settings, settings, ingest_settings))

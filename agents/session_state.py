@@ -9,7 +9,7 @@ will be re-emitted as, so the hot path never re-validates them.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -35,7 +35,7 @@ class SessionState:
     last_seen: float = 0.0
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson encodes dataclasses natively (no asdict deep copy)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> SessionState:

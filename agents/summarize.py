@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import faust
@@ -53,7 +53,7 @@ class SummaryState:
     updated_at: float = 0.0
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # orjson encodes dataclasses natively (no asdict deep copy)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> SummaryState:

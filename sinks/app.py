@@ -9,6 +9,7 @@ from __future__ import annotations
 from sinks import runner
 from sinks.registry import load_sink
 from streams.app import create_app
+from streams.lag import register_lag
 from streams.settings import load_settings
 from streams.topics import declare_topics
 from streams.web import add_operational_pages
@@ -19,3 +20,4 @@ app = create_app(settings, role=f"sink-{sink.name}")
 topics = declare_topics(app, settings)
 contexts = runner.register(app, topics, sink)
 add_operational_pages(app)
+register_lag(app)

@@ -24,6 +24,7 @@ ENTRY_POINT_GROUP = "agent_context.sinks"
 BUILTIN = {
     "files": "sinks.files:FilesSink",
     "stdout": "sinks.stdout:StdoutSink",
+    "null": "sinks.null:NullSink",
     "intercom": "sinks.intercom:IntercomSink",
     "webhook": "sinks.webhook:WebhookSink",
 }

@@ -24,7 +24,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from schemas import InvalidMessage, SessionLink, context_operation_adapter, decode
+from schemas import ActionsWritten, InvalidMessage, SessionLink, context_operation_adapter, decode
 from sinks.base import ContextSink, LinkAwareSink, Operation, PermanentSinkError
 from sinks.context import SessionContext, Skip
 from streams import metrics
@@ -101,6 +101,12 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
         contexts[session_id] = context.to_bytes()
         metrics.SINK_OPERATIONS.labels(sink.name, op.op, outcome).inc()
         metrics.END_TO_END.labels(sink.name).observe(max(time.time() - op.emitted_at, 0.0))
+        if outcome == "applied" and isinstance(op, ActionsWritten) and op.payload.actions:
+            acted_at = max(a.timestamp_end for a in op.payload.actions)
+            if acted_at > 0:  # 0: the client sent no timestamp
+                metrics.ACTION_AGE_AT_SINK.labels(sink.name).observe(
+                    max(time.time() - acted_at, 0.0)
+                )
 
     async def apply_link(session_id: str, event: faust.EventT, link: SessionLink) -> None:
         assert isinstance(sink, LinkAwareSink)

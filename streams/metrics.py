@@ -8,7 +8,9 @@ ACTIONS_IN = Counter("ac_actions_in_total", "Actions applied by the accumulator"
 REPLAYS_SKIPPED = Counter(
     "ac_replays_skipped_total", "Redelivered messages recognised and skipped", ["stage"]
 )
-ACTIVE_SESSIONS = Gauge("ac_active_sessions", "Sessions with state in this worker's table")
+ACTIVE_SESSIONS = Gauge(
+    "ac_active_sessions", "Sessions with accumulator state on this worker's partitions"
+)
 SESSIONS_EXPIRED = Counter("ac_sessions_expired_total", "Idle sessions closed and expired")
 DEAD_LETTERS = Counter(
     "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]
@@ -32,4 +34,18 @@ END_TO_END = Histogram(
     "From an operation's emission to its application at a sink",
     ["sink"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+ACTION_AGE_AT_SINK = Histogram(
+    "ac_action_age_at_sink_seconds",
+    "From the newest action's own timestamp_end (the user's action time, by the client's"
+    " clock) to its batch's application at a sink; replayed, backfilled or synthetic"
+    " actions show their true (large) age",
+    ["sink"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 21600, 86400),
+)
+CONSUMER_LAG = Gauge(
+    "ac_consumer_lag",
+    "Per input partition assigned to this worker: log end offset minus its consumer"
+    " group's committed offset (messages not yet durably processed)",
+    ["group", "topic", "partition"],
 )

@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".agent-context")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    lag_interval_s: float = Field(default=5.0, gt=0)  # how often /metrics' consumer lag refreshes
 
     # Accumulation
     threshold: int = Field(default=10, description="K: actions per summary")

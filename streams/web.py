@@ -6,6 +6,8 @@ import faust
 from faust.web import Request, Response, View
 from prometheus_client import generate_latest
 
+from streams.lag import worker_status
+
 __all__ = ["add_operational_pages"]
 
 
@@ -17,4 +19,8 @@ def add_operational_pages(app: faust.App) -> None:
 
     @app.page("/healthz")
     async def healthz(web: View, request: Request) -> Response:
-        return web.json({"status": "ok", "app": app.conf.id})
+        status = worker_status(app)  # 503 while starting, rebalancing, recovering, stopping
+        return web.json(
+            {"status": "ok" if status["ready"] else "unavailable", **status},
+            status=200 if status["ready"] else 503,
+        )

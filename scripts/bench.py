@@ -1,0 +1,391 @@
+"""Benchmark: what durability costs, on one workload, in one run.
+
+  (a) raw aiokafka consumption of the `actions` topic (the ceiling for a Python consumer)
+  (b) the in-process autoplay_sdk AsyncAgentContextWriter + AsyncSessionSummarizer (no Kafka)
+  (c) our pipeline end to end: actions -> tables -> context -> a null sink, instant LLM
+  latency: p50/p99 from produce to application at the sink, at a fixed offered rate
+  --mode summarizer: 2,000 sessions, an LLM that takes 500 ms: summaries per second
+
+Prints figures and ratios; it is not a test. Needs the broker (make broker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streams.settings import Settings  # noqa: E402
+from streams.topics import ensure_topics  # noqa: E402
+
+
+def workload(actions: int, sessions: int, seed: int, *, min_batch: int, max_batch: int,
+             stamp: bool = False) -> list[dict[str, Any]]:
+    """Interleaved batches of 1-3 actions over `sessions` sessions, `actions` in total."""
+    rng = random.Random(seed)
+    per_session = [actions // sessions] * sessions
+    next_index = [0] * sessions
+    payloads: list[dict[str, Any]] = []
+    live = list(range(sessions))
+    while live:
+        i = rng.choice(live)
+        n = min(rng.randint(min_batch, max_batch), per_session[i] - next_index[i])
+        sid = f"bench-{seed}-{i:05d}"
+        acts = [
+            {"index": next_index[i] + j, "type": "click", "title": f"Button {j}",
+             "description": f"User clicked button {j} on the page",
+             "canonical_url": "https://app.example.com/projects/:id", "timestamp_start": 0.0,
+             "timestamp_end": 0.0, "session_id": sid}
+            for j in range(n)
+        ]
+        next_index[i] += n
+        payloads.append({"type": "actions", "product_id": "bench", "session_id": sid,
+                         "actions": acts, "count": n, "forwarded_at": 0.0})
+        if next_index[i] >= per_session[i]:
+            live.remove(i)
+    return payloads
+
+
+async def produce(bootstrap: str, topic: str, payloads: list[dict[str, Any]],
+                  rate: float | None = None) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all",
+                                max_batch_size=256 * 1024)
+    await producer.start()
+    try:
+        start = time.perf_counter()
+        futures = []
+        for n, p in enumerate(payloads):
+            if rate is not None:
+                due = start + n / rate
+                if (delay := due - time.perf_counter()) > 0:
+                    await asyncio.sleep(delay)
+                for a in p["actions"]:  # the action happens now: latency starts here
+                    a["timestamp_end"] = time.time()
+            futures.append(await producer.send(topic, orjson.dumps(p), key=p["session_id"].encode()))
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def bench_raw_consumer(bootstrap: str, topic: str, expected_messages: int, actions: int) -> float:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    try:
+        seen, start = 0, time.perf_counter()
+        while seen < expected_messages:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=10_000)
+            seen += sum(len(records) for records in batches.values())
+        return actions / (time.perf_counter() - start)
+    finally:
+        await consumer.stop()
+
+
+async def bench_sdk(payload_bytes: list[bytes], actions: int, threshold: int) -> float:
+    from autoplay_sdk import AsyncSessionSummarizer
+    from autoplay_sdk.context.agent_context import AsyncAgentContextWriter
+    from autoplay_sdk.core.models import ActionsPayload as SdkPayload
+
+    async def llm(prompt: str) -> str:
+        return "summary"
+
+    async def noop(session_id: str, text: str) -> None:
+        return None
+
+    summarizer = AsyncSessionSummarizer(llm=llm, threshold=threshold)
+    writer = AsyncAgentContextWriter(summarizer=summarizer, write_actions=noop,
+                                     overwrite_with_summary=noop)
+    start = time.perf_counter()
+    for raw in payload_bytes:  # what a consumer of the SSE stream does per event
+        await writer.add(SdkPayload.from_dict(orjson.loads(raw)))
+    await summarizer.flush()
+    return actions / (time.perf_counter() - start)
+
+
+class Workers:
+    """The pipeline worker and a null sink worker, as `faust worker` processes."""
+
+    def __init__(self, env: dict[str, str], run_dir: Path, port: int) -> None:
+        self.env, self.run_dir, self.port = env, run_dir, port
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(self, module: str, name: str, port: int, **extra: str) -> None:
+        log = self.run_dir / f"{name}.log"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "faust", "-A", module, "worker", "-l", "info",
+             "--web-port", str(port)],
+            cwd=ROOT, env={**os.environ, **self.env, **extra, "AC_WEB_PORT": str(port)},
+            stdout=log.open("wb"), stderr=subprocess.STDOUT,
+        )
+        self.procs.append((proc, log))
+
+    def check_alive(self) -> None:
+        for proc, log in self.procs:
+            if proc.poll() is not None:
+                raise SystemExit(f"\na worker exited; see {log}:\n{log.read_text()[-2000:]}")
+
+    def peak_rss_mb(self) -> list[float]:
+        out = []
+        for proc, _ in self.procs:
+            status = Path(f"/proc/{proc.pid}/status")
+            match = re.search(r"VmHWM:\s+(\d+) kB", status.read_text()) if status.exists() else None
+            out.append(int(match.group(1)) / 1024 if match else float("nan"))
+        return out
+
+    def stop(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+WORKERS: Workers | None = None  # checked while waiting, so a crashed worker fails fast
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            if line[len(name)] in " {":
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def scrape(client: httpx.AsyncClient, port: int) -> str:
+    try:
+        return (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    except httpx.HTTPError:
+        return ""
+
+
+async def wait_metric(client: httpx.AsyncClient, port: int, name: str, target: float,
+                      label: str, timeout: float = 900, **labels: str) -> float:
+    """Poll until the metric reaches target; prints progress; returns the time it did."""
+    deadline = time.monotonic() + timeout
+    last, shown = -1.0, 0.0
+    while time.monotonic() < deadline:
+        value = metric(await scrape(client, port), name, **labels)
+        if value != last and time.monotonic() - shown > 1:
+            print(f"  {label}: {value:,.0f}/{target:,.0f}", flush=True)
+            last, shown = value, time.monotonic()
+        if value >= target:
+            print(f"  {label}: {value:,.0f} done")
+            return time.perf_counter()
+        if WORKERS is not None:
+            WORKERS.check_alive()
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"\n{label}: stuck at {last} of {target}")
+
+
+def changelog_bytes(kafka_data: Path, app_id: str) -> int:
+    total = 0
+    for path in kafka_data.glob(f"{app_id}-*changelog-*/*.log"):
+        total += path.stat().st_size
+    return total
+
+
+async def bench_pipeline(args: argparse.Namespace, payloads: list[dict[str, Any]],
+                         actions: int) -> dict[str, float]:
+    tag = uuid.uuid4().hex[:6]
+    run_dir = ROOT / ".bench" / tag
+    run_dir.mkdir(parents=True)
+    env = {"KAFKA_BOOTSTRAP_SERVERS": args.bootstrap, "AC_APP_ID": f"bench-{tag}",
+           "AC_TOPIC_PREFIX": f"bench-{tag}.", "AC_PARTITIONS": str(args.partitions),
+           "AC_DATA_DIR": str(run_dir / "state"), "AC_THRESHOLD": str(args.threshold),
+           "AC_LLM_CALLABLE": "scripts.bench_plugins:instant", "AC_STORE": args.store,
+           "AC_IDLE_TIMEOUT_S": "3600"}
+    settings = Settings(kafka_bootstrap_servers=args.bootstrap, topic_prefix=env["AC_TOPIC_PREFIX"],
+                        partitions=args.partitions)
+    await ensure_topics(settings)
+    print(f"  producing {len(payloads):,} payloads to {settings.topic('actions')} ...")
+    await produce(args.bootstrap, settings.topic("actions"), payloads)
+    global WORKERS
+    workers = WORKERS = Workers(env, run_dir, args.port)
+    expected_ops = len(payloads) + sum(1 for _ in range(0))  # summaries counted separately
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            workers.start("agents.app", "pipeline", args.port)
+            workers.start("sinks.app", "sink-null", args.port + 1, AC_SINK="null")
+            await wait_metric(client, args.port + 1, "ac_sink_operations_total", 1, "first op")
+            start = time.perf_counter()
+            t_accumulated = await wait_metric(client, args.port, "ac_actions_in_total", actions,
+                                              "actions accumulated")
+            t_applied = await wait_metric(client, args.port + 1, "ac_sink_operations_total",
+                                          expected_ops, "batches applied at the null sink",
+                                          op="actions_written")
+            rss = workers.peak_rss_mb()
+    finally:
+        workers.stop()
+    kafka_data = Path(os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / args.bootstrap.rsplit(":", 1)[1]))
+    cl_bytes = changelog_bytes(kafka_data / "logs", env["AC_APP_ID"])
+    return {
+        "accumulate_rate": actions / (t_accumulated - start),
+        "end_to_end_rate": actions / (t_applied - start),
+        "rss_pipeline_mb": rss[0],
+        "rss_sink_mb": rss[1],
+        "changelog_bytes_per_action": cl_bytes / actions,
+    }
+
+
+async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
+    tag = uuid.uuid4().hex[:6]
+    run_dir = ROOT / ".bench" / f"lat-{tag}"
+    run_dir.mkdir(parents=True)
+    env = {"KAFKA_BOOTSTRAP_SERVERS": args.bootstrap, "AC_APP_ID": f"benchlat-{tag}",
+           "AC_TOPIC_PREFIX": f"benchlat-{tag}.", "AC_PARTITIONS": str(args.partitions),
+           "AC_DATA_DIR": str(run_dir / "state"), "AC_THRESHOLD": str(args.threshold),
+           "AC_LLM_CALLABLE": "scripts.bench_plugins:instant", "AC_STORE": args.store}
+    settings = Settings(kafka_bootstrap_servers=args.bootstrap, topic_prefix=env["AC_TOPIC_PREFIX"],
+                        partitions=args.partitions)
+    await ensure_topics(settings)
+    seconds = args.latency_seconds
+    payloads = workload(int(args.rate * seconds), 500, seed=args.seed + 1, min_batch=1, max_batch=3)
+    batches = len(payloads)
+    global WORKERS
+    workers = WORKERS = Workers(env, run_dir, args.port + 10)
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            workers.start("agents.app", "pipeline", args.port + 10)
+            workers.start("sinks.app", "sink-null", args.port + 11, AC_SINK="null")
+            await wait_metric(client, args.port + 11, "ac_sink_operations_total", 0, "sink up")
+            await asyncio.sleep(3)  # let the consumer groups settle before offering load
+            print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
+            await produce(args.bootstrap, settings.topic("actions"), payloads,
+                          rate=batches / seconds)
+            await wait_metric(client, args.port + 11, "ac_sink_operations_total", batches,
+                              "batches applied", op="actions_written")
+            text = await scrape(client, args.port + 11)
+    finally:
+        workers.stop()
+    return histogram_quantiles(text, "ac_action_age_at_sink_seconds")
+
+
+def histogram_quantiles(text: str, name: str) -> dict[str, float]:
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket"):
+            le = re.search(r'le="([^"]+)"', line)
+            if le:
+                buckets.append((float(le.group(1)), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0
+
+    def quantile(q: float) -> float:
+        for bound, count in buckets:
+            if count >= q * total:
+                return bound
+        return float("nan")
+
+    return {"p50_le_s": quantile(0.5), "p99_le_s": quantile(0.99), "samples": total}
+
+
+async def bench_summarizer(args: argparse.Namespace) -> float:
+    tag = uuid.uuid4().hex[:6]
+    run_dir = ROOT / ".bench" / f"sum-{tag}"
+    run_dir.mkdir(parents=True)
+    sessions, threshold = 2000, args.threshold
+    env = {"KAFKA_BOOTSTRAP_SERVERS": args.bootstrap, "AC_APP_ID": f"benchsum-{tag}",
+           "AC_TOPIC_PREFIX": f"benchsum-{tag}.", "AC_PARTITIONS": str(args.partitions),
+           "AC_DATA_DIR": str(run_dir / "state"), "AC_THRESHOLD": str(threshold),
+           "AC_LLM_CALLABLE": "scripts.bench_plugins:slow_500ms",
+           "AC_LLM_CONCURRENCY": str(args.llm_concurrency), "AC_IDLE_TIMEOUT_S": "3600"}
+    settings = Settings(kafka_bootstrap_servers=args.bootstrap, topic_prefix=env["AC_TOPIC_PREFIX"],
+                        partitions=args.partitions)
+    await ensure_topics(settings)
+    payloads = workload(sessions * threshold * 2, sessions, seed=args.seed + 2, min_batch=threshold,
+                        max_batch=threshold)
+    await produce(args.bootstrap, settings.topic("actions"), payloads)
+    summaries = len(payloads)  # one batch of K actions -> one summary
+    global WORKERS
+    workers = WORKERS = Workers(env, run_dir, args.port + 20)
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            workers.start("agents.app", "pipeline", args.port + 20)
+            await wait_metric(client, args.port + 20, "ac_summaries_total", 1, "first summary")
+            start = time.perf_counter()
+            done = await wait_metric(client, args.port + 20, "ac_summaries_total", summaries,
+                                     "summaries")
+    finally:
+        workers.stop()
+    return (summaries - 1) / (done - start)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    if args.mode == "summarizer":
+        rate = await bench_summarizer(args)
+        print(f"summarizer: {rate:,.0f} summaries/s with a 500 ms LLM "
+              f"(concurrency {args.llm_concurrency}, 2,000 sessions)")
+        return
+    payloads = workload(args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch)
+    actions = sum(len(p["actions"]) for p in payloads)
+    raw = [orjson.dumps(p) for p in payloads]
+    print(f"workload: {actions:,} actions, {args.sessions:,} sessions, {len(payloads):,} payloads "
+          f"(1-{args.max_batch} actions each), K={args.threshold}, {args.partitions} partitions")
+    print("(b) in-process autoplay_sdk writer + summarizer ...")
+    sdk_rate = await bench_sdk(raw, actions, args.threshold)
+    print("(c) our pipeline end to end ...")
+    ours = await bench_pipeline(args, payloads, actions)
+    print("(a) raw aiokafka consumption of the same topic ...")
+    tag_topic = None
+    # (a) reads the topic (c) consumed; find it by prefix from the last run dir
+    for path in sorted((ROOT / ".bench").glob("*/pipeline.log"), key=lambda p: p.stat().st_mtime):
+        tag_topic = f"bench-{path.parent.name}.actions"
+    raw_rate = await bench_raw_consumer(args.bootstrap, tag_topic or "", len(payloads), actions)
+    print("latency at a fixed offered rate ...")
+    latency = await bench_latency(args)
+    print()
+    print(f"{'(a) raw aiokafka consumer':<44} {raw_rate:>12,.0f} actions/s")
+    print(f"{'(b) in-process SDK (no durability)':<44} {sdk_rate:>12,.0f} actions/s")
+    print(f"{'(c) pipeline: accumulate (actions in)':<44} {ours['accumulate_rate']:>12,.0f} actions/s")
+    print(f"{'(c) pipeline: end to end at the null sink':<44} {ours['end_to_end_rate']:>12,.0f} actions/s")
+    print(f"c/a = {ours['end_to_end_rate'] / raw_rate:.2f}   c/b = {ours['end_to_end_rate'] / sdk_rate:.2f}"
+          f"   (accumulate only: c/b = {ours['accumulate_rate'] / sdk_rate:.2f})")
+    print(f"latency at {args.rate:,.0f} actions/s offered: p50 <= {latency['p50_le_s'] * 1000:.0f} ms, "
+          f"p99 <= {latency['p99_le_s'] * 1000:.0f} ms ({latency['samples']:,.0f} batches; "
+          "histogram bucket bounds)")
+    print(f"peak RSS: pipeline {ours['rss_pipeline_mb']:.0f} MiB, sink {ours['rss_sink_mb']:.0f} MiB; "
+          f"bench process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    print(f"changelog bytes per action: {ours['changelog_bytes_per_action']:.0f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["throughput", "summarizer"], default="throughput")
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    parser.add_argument("--actions", type=int, default=200_000)
+    parser.add_argument("--sessions", type=int, default=5_000)
+    parser.add_argument("--max-batch", type=int, default=3)
+    parser.add_argument("--threshold", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--store", default="memory://")
+    parser.add_argument("--rate", type=float, default=5_000)
+    parser.add_argument("--latency-seconds", type=float, default=20)
+    parser.add_argument("--llm-concurrency", type=int, default=256)
+    parser.add_argument("--port", type=int, default=6100)
+    parser.add_argument("--seed", type=int, default=1)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""The worker's own consumer, seen from outside: lag per partition and readiness.
+
+Lag is what a restart would have to re-process: for every input partition
+assigned to this worker, the log end offset minus the offset its consumer group
+has committed. Faust commits only the contiguous acknowledged prefix of a
+partition (agents here acknowledge by hand, after their output is durable), so
+this is the honest number, not the "read" position. A timer refreshes it every
+``AC_LAG_INTERVAL_S`` seconds (one ListOffsets request per refresh); partitions
+that move to another worker drop out of the gauge.
+
+Register on an app with :func:`register_lag`; ``/healthz`` reports
+:func:`worker_status`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import faust
+from aiokafka.partitioner import murmur2
+from faust.types import TP
+
+from streams.metrics import CONSUMER_LAG
+
+__all__ = ["LagTracker", "OwnedKeys", "register_lag", "worker_status"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTERVAL_S = 5.0
+
+
+def input_topics(app: faust.App) -> set[str]:
+    """The topics this app's agents consume (not table changelogs, not Faust internals)."""
+    return {name for agent in app.agents.values() for name in agent.get_topic_names()}
+
+
+def assigned_inputs(app: faust.App) -> list[TP]:
+    """This worker's assigned input partitions; empty before the consumer has started."""
+    consumer = app.consumer
+    try:
+        assigned = consumer.assignment()
+    except Exception:  # ConsumerNotStarted, or the consumer is being replaced
+        return []
+    topics = input_topics(app)
+    return sorted((tp for tp in assigned if tp.topic in topics), key=lambda tp: tuple(tp))
+
+
+def committed_offset(app: faust.App, tp: TP) -> int | None:
+    """The group's committed offset for ``tp`` as this worker's consumer knows it.
+
+    Faust keeps it in ``Consumer._committed_offset``: loaded from the broker when
+    the partition is assigned, updated by each commit, dropped on revocation.
+    It stores a committed 0 as ``None``, like "nothing committed yet".
+    """
+    offsets: Any = getattr(app.consumer, "_committed_offset", {})
+    value = offsets.get(tp)  # .get: the mapping is a defaultdict, don't grow it
+    return int(value) if value is not None else None
+
+
+class LagTracker:
+    """Computes lag for the assigned input partitions and publishes the gauge."""
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+        self._published: set[tuple[str, str, str]] = set()
+
+    @property
+    def group(self) -> str:
+        return str(self.app.conf.id)
+
+    async def compute(self) -> dict[TP, int]:
+        tps = assigned_inputs(self.app)
+        if not tps:
+            return {}
+        consumer = self.app.consumer
+        ends = await consumer.highwaters(*tps)
+        committed = {tp: committed_offset(self.app, tp) for tp in tps}
+        # Nothing committed (a new group, or a committed 0): consumption starts at
+        # the log start (auto_offset_reset=earliest), so everything retained is lag.
+        missing = [tp for tp, offset in committed.items() if offset is None]
+        starts = await consumer.earliest_offsets(*missing) if missing else {}
+        lag: dict[TP, int] = {}
+        for tp in tps:
+            end = ends.get(tp)
+            if end is None:
+                continue
+            start = committed[tp] if committed[tp] is not None else starts.get(tp, 0)
+            lag[tp] = max(int(end) - int(start or 0), 0)
+        return lag
+
+    def publish(self, lag: dict[TP, int]) -> None:
+        current = set()
+        for tp, value in lag.items():
+            labels = (self.group, tp.topic, str(tp.partition))
+            CONSUMER_LAG.labels(*labels).set(value)
+            current.add(labels)
+        for labels in self._published - current:  # revoked: no longer ours to report
+            _remove(CONSUMER_LAG, labels)
+        self._published = current
+
+    async def refresh(self) -> None:
+        try:
+            lag = await self.compute()
+        except Exception as exc:  # rebalancing, broker briefly away: try again next tick
+            log.debug("consumer lag not refreshed: %s: %s", type(exc).__name__, exc)
+            return
+        self.publish(lag)
+
+
+def _remove(gauge: Any, labels: Iterable[str]) -> None:
+    try:
+        gauge.remove(*labels)
+    except KeyError:
+        pass
+
+
+def register_lag(app: faust.App, interval_s: float | None = None) -> LagTracker:
+    """Publish ``ac_consumer_lag`` for ``app``'s own consumer group, refreshed by a timer."""
+    if interval_s is None:
+        settings = getattr(app, "settings", None)
+        interval_s = float(getattr(settings, "lag_interval_s", DEFAULT_INTERVAL_S))
+    tracker = LagTracker(app)
+
+    @app.timer(interval_s, name="consumer_lag.refresh")
+    async def refresh_consumer_lag() -> None:
+        await tracker.refresh()
+
+    return tracker
+
+
+class OwnedKeys:
+    """Counts the keys of a session table that live on this worker's partitions.
+
+    ``len(table)`` is not that: Faust's in-memory store keeps the keys it wrote
+    for partitions revoked since (it only drops keys it restored from the
+    changelog), so after a rebalance two workers would both count a session.
+    Keys are str session ids partitioned like every topic (murmur2 of the key,
+    as ``use_partitioner=True`` tables and the producers do); each key's
+    partition is computed once and cached. Meant as a gauge function, read at
+    scrape time on the event loop.
+    """
+
+    def __init__(self, app: faust.App, table: Any, topic: faust.TopicT) -> None:
+        self.app = app
+        self.table = table
+        self.topic = topic.get_topic_name()
+        self.partitions = int(topic.partitions or app.conf.topic_partitions)
+        self._partition_of: dict[str | bytes, int] = {}
+
+    def partition_of(self, key: str | bytes) -> int:
+        partition = self._partition_of.get(key)
+        if partition is None:
+            raw = key if isinstance(key, bytes) else str(key).encode("utf-8")
+            partition = (murmur2(raw) & 0x7FFFFFFF) % self.partitions
+            self._partition_of[key] = partition
+        return partition
+
+    def __call__(self) -> int:
+        owned = {tp.partition for tp in assigned_inputs(self.app) if tp.topic == self.topic}
+        keys = list(self.table.keys()) if owned else []
+        if len(self._partition_of) > 2 * len(keys) + 1000:  # forget expired sessions
+            self._partition_of = {k: p for k, p in self._partition_of.items() if k in keys}
+        return sum(1 for key in keys if self.partition_of(key) in owned)
+
+
+def worker_status(app: faust.App) -> dict[str, Any]:
+    """What ``/healthz`` reports; ``ready`` is False while starting, rebalancing,
+    recovering tables or stopping.
+
+    A worker with no partitions (more workers than partitions) is ready: it is
+    a hot spare and still serves its HTTP endpoints (ingest, pull view).
+    """
+    recovery = app.tables.recovery  # type: ignore[attr-defined]  # faust.tables.TableManager
+    recovered = bool(recovery.completed.is_set()) and not recovery.in_recovery
+    status = {
+        "app": app.conf.id,
+        "state": app.state,
+        "rebalancing": bool(app.rebalancing),
+        "recovered": recovered,
+        "generation": app.consumer_generation_id,
+        "assigned_partitions": [f"{tp.topic}:{tp.partition}" for tp in assigned_inputs(app)],
+    }
+    status["ready"] = (
+        app.started and not app.should_stop and not status["rebalancing"] and recovered
+    )
+    return status
