@@ -52,7 +52,11 @@ class SessionContext(BaseModel):
             raise Skip(f"generation {op.generation} < {self.generation}")
         base = self
         if op.generation > self.generation:  # the session came back after it expired
-            base = SessionContext(session_id=self.session_id, generation=op.generation)
+            # ``extra`` is carried over: the sink decides what of its bookkeeping
+            # outlives a generation (e.g. the session's Intercom conversation).
+            base = SessionContext(
+                session_id=self.session_id, generation=op.generation, extra=self.extra
+            )
         if isinstance(op, ActionsWritten):
             if op.seq_to <= base.actions_to:
                 raise Skip(f"actions up to {op.seq_to} applied already")

@@ -30,7 +30,7 @@ from sinks.context import SessionContext, Skip
 from streams import metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
-from streams.lanes import Lanes
+from streams.lanes import InOrderAcks, Lanes
 from streams.tables import session_table
 from streams.topics import Topics
 
@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 RETRY_MAX_WAIT_S = 30.0
 
-LaneItem = tuple[faust.StreamT[bytes], faust.EventT, "Operation | SessionLink"]
+# (an ``InOrderAcks`` ticket for the event, the decoded message)
+LaneItem = tuple[Any, "Operation | SessionLink"]
 
 
 def _decode(raw: bytes | None) -> Operation:
@@ -117,26 +118,29 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             await dead_letters.write(event.message, f"{sink.name} refused link: {exc}")
         contexts[session_id] = context.to_bytes()
 
+    acks = InOrderAcks()  # lanes finish out of order; Faust must see acks in offset order
+
     async def handle(session_id: str, item: LaneItem) -> None:
-        stream, event, message = item
+        tracked, message = item
         if isinstance(message, SessionLink):
-            await apply_link(session_id, event, message)
+            await apply_link(session_id, tracked.event, message)
         else:
-            await apply_operation(session_id, event, message)
-        await stream.ack(event)  # only now may Faust commit past this offset
+            await apply_operation(session_id, tracked.event, message)
+        await acks.done(tracked)  # only now may Faust commit past this offset
 
     lanes: Lanes[LaneItem] = Lanes(handle, max_pending=settings.max_in_flight_requests)
 
     async def consume(stream: faust.StreamT[bytes], decode: Callable[[bytes | None], Any]) -> None:
         manual = cast(faust.Stream[bytes], stream).noack()
         async for event in manual.events():
+            tracked = acks.track(manual, event)
             try:
                 message = decode(event.message.value)
             except InvalidMessage as exc:
                 await dead_letters.write(event.message, exc.reason)
-                await manual.ack(event)
+                await acks.done(tracked)
                 continue
-            await lanes.submit(message.session_id, (manual, event, message))
+            await lanes.submit(message.session_id, (tracked, message))
 
     @app.agent(topics.context, name=f"sink-{sink.name}")
     async def run_sink(stream: faust.StreamT[bytes]) -> None:

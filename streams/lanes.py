@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Lanes"]
+__all__ = ["InOrderAcks", "Lanes"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -87,3 +87,43 @@ class Lanes(Generic[T]):
         for task in list(self._tasks.values()):
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+
+class _Ticket:
+    __slots__ = ("done", "event", "stream")
+
+    def __init__(self, stream: Any, event: Any) -> None:
+        self.stream, self.event, self.done = stream, event, False
+
+
+class InOrderAcks:
+    """Acknowledge each partition's events in offset order, whatever order lanes finish in.
+
+    Fix (found by tests/test_reliability.py, a summary stuck in the LLM while
+    later sessions' summaries completed, then a kill): Faust's commit does not
+    stop at the first unacknowledged offset. With nothing committed yet it
+    commits past any unacknowledged head, and with offset N committed-next
+    and N still in progress, acking N+1 commits past N (``Consumer._new_offset``
+    checks ``min(acked) - committed > 1``, an off-by-one). After a crash the
+    skipped event is never redelivered: a summary, or a sink operation, lost.
+    Holding back acks until every earlier offset of the partition is done keeps
+    Faust's acked list gap-free, so the commit never passes work in flight.
+
+    ``track`` every event in the order the stream yields it (offset order per
+    partition), then call ``done`` when its work is finished (or skipped).
+    """
+
+    def __init__(self) -> None:
+        self._pending: defaultdict[Any, deque[_Ticket]] = defaultdict(deque)
+
+    def track(self, stream: Any, event: Any) -> _Ticket:
+        ticket = _Ticket(stream, event)
+        self._pending[event.message.tp].append(ticket)
+        return ticket
+
+    async def done(self, ticket: _Ticket) -> None:
+        ticket.done = True
+        queue = self._pending[ticket.event.message.tp]
+        while queue and queue[0].done:
+            head = queue.popleft()
+            await head.stream.ack(head.event)

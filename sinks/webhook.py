@@ -1,0 +1,162 @@
+"""Webhook sink: every context operation POSTed as signed JSON to one URL.
+
+``AC_SINK=webhook``, ``AC_WEBHOOK_URL``, ``AC_WEBHOOK_SECRET``. Each request:
+
+- body: ``{"type": <op>, "idempotency_key": ..., "operation": <the op>,
+  "context": {"summary", "summary_to", "actions_to", "text"}}`` (``context`` is
+  what an agent should read now, after this operation; ``AC_WEBHOOK_INCLUDE_CONTEXT=false``
+  leaves it out);
+- ``X-Connector-Signature: sha256=<hex>``: HMAC-SHA256 of the exact body bytes
+  with the secret, the header the SDK's ``WebhookReceiver`` verifies;
+- ``Idempotency-Key``: derived from the operation alone (session, generation,
+  op type, sequence range), so a redelivery (a retry, a replay after a crash)
+  carries the same key and the receiver can drop it (the SDK has no key: D5).
+
+Answers: 2xx (and 409, "already have it") done; 429 waits per ``Retry-After`` /
+``X-RateLimit-Reset``; 5xx, 408 and timeouts are retried; any other 4xx is a
+refusal (:class:`~sinks.base.PermanentSinkError`, dead-lettered). Order per
+session holds because the lane waits until the receiver took the operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from typing import Any
+
+import httpx
+import orjson
+from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sinks.base import Operation, PermanentSinkError
+from sinks.context import SessionContext
+from sinks.http_retry import RateLimitGate, describe, quiet_httpx_logging, scrub, send
+from streams.settings import ConfigurationError, Settings
+
+__all__ = ["WebhookSettings", "WebhookSink", "idempotency_key", "sign"]
+
+SIGNATURE_HEADER = "X-Connector-Signature"
+# 409 is not retried here: receivers use it for "I have this Idempotency-Key already".
+WEBHOOK_RETRYABLE = frozenset({408, 425})
+
+
+class WebhookSettings(BaseSettings):
+    """``AC_WEBHOOK_*``: read only when the webhook sink is used."""
+
+    model_config = SettingsConfigDict(env_prefix="AC_WEBHOOK_", extra="ignore")
+
+    url: AnyHttpUrl
+    secret: SecretStr
+    timeout_s: float = Field(default=10.0, gt=0)
+    attempts: int = Field(default=4, ge=1)
+    max_concurrency: int = Field(default=16, ge=1)
+    include_context: bool = True
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_not_blank(cls, value: SecretStr) -> SecretStr:
+        # The SDK's receiver accepts everything when its secret is empty: never sign with one.
+        if not value.get_secret_value().strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @classmethod
+    def load(cls) -> WebhookSettings:
+        try:
+            return cls()  # type: ignore[call-arg]  # from the environment
+        except ValidationError as exc:
+            lines = ["invalid webhook sink settings:"]
+            for item in exc.errors(include_url=False, include_input=False):
+                name = "AC_WEBHOOK_" + "_".join(str(p) for p in item["loc"]).upper()
+                missing = item["type"] == "missing"
+                lines.append(f"  {name}: {'required' if missing else item['msg']}")
+            raise ConfigurationError("\n".join(lines)) from None
+
+
+def idempotency_key(op: Operation) -> str:
+    """Stable for the same operation however often it is delivered; unique per operation."""
+    identity = orjson.dumps([op.session_id, op.generation, op.op, op.seq_from, op.seq_to])
+    return hashlib.sha256(identity).hexdigest()
+
+
+def sign(body: bytes, secret: str) -> str:
+    """The ``X-Connector-Signature`` value for ``body``."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+class WebhookSink:
+    name = "webhook"
+
+    def __init__(
+        self, settings: WebhookSettings, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.settings = settings
+        self._secret = settings.secret.get_secret_value()
+        self._client = httpx.AsyncClient(
+            timeout=settings.timeout_s,
+            headers={"User-Agent": "agent-context-streams"},
+            limits=httpx.Limits(max_connections=settings.max_concurrency * 2),
+            transport=transport,
+        )
+        self._gate = RateLimitGate()
+        self._slots: asyncio.Semaphore | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WebhookSink:
+        quiet_httpx_logging()
+        return cls(WebhookSettings.load())
+
+    def __repr__(self) -> str:
+        return f"<WebhookSink {self.settings.url}>"
+
+    def body(self, op: Operation, context: SessionContext) -> dict[str, Any]:
+        key = idempotency_key(op)
+        body: dict[str, Any] = {
+            "type": op.op,
+            "idempotency_key": key,
+            "operation": op.model_dump(mode="json"),
+        }
+        if self.settings.include_context:
+            body["context"] = {
+                "summary": context.summary,
+                "summary_to": context.summary_to,
+                "actions_to": context.actions_to,
+                "text": context.render(),
+            }
+        return body
+
+    async def apply(self, op: Operation, context: SessionContext) -> None:
+        raw = orjson.dumps(self.body(op, context))
+        headers = {
+            "Content-Type": "application/json",
+            SIGNATURE_HEADER: sign(raw, self._secret),
+            "Idempotency-Key": idempotency_key(op),
+        }
+        url = str(self.settings.url)
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.settings.max_concurrency)
+        async with self._slots:
+            # Safe to repeat: the receiver drops a second delivery by its key.
+            response = await send(
+                self._client,
+                "POST",
+                url,
+                gate=self._gate,
+                idempotent=True,
+                attempts=self.settings.attempts,
+                retry_statuses=WEBHOOK_RETRYABLE,
+                secrets=(self._secret,),
+                label="webhook ",
+                content=raw,
+                headers=headers,
+            )
+        if response.is_success or response.status_code == 409:
+            return
+        raise PermanentSinkError(
+            scrub(f"webhook {describe('POST', url, response)}", (self._secret,))
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
