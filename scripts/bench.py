@@ -36,8 +36,9 @@ from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 
 
-def workload(actions: int, sessions: int, seed: int, *, min_batch: int, max_batch: int,
-             stamp: bool = False) -> list[dict[str, Any]]:
+def workload(
+    actions: int, sessions: int, seed: int, *, min_batch: int, max_batch: int, stamp: bool = False
+) -> list[dict[str, Any]]:
     """Interleaved batches of 1-3 actions over `sessions` sessions, `actions` in total."""
     rng = random.Random(seed)
     per_session = [actions // sessions] * sessions
@@ -49,24 +50,40 @@ def workload(actions: int, sessions: int, seed: int, *, min_batch: int, max_batc
         n = min(rng.randint(min_batch, max_batch), per_session[i] - next_index[i])
         sid = f"bench-{seed}-{i:05d}"
         acts = [
-            {"index": next_index[i] + j, "type": "click", "title": f"Button {j}",
-             "description": f"User clicked button {j} on the page",
-             "canonical_url": "https://app.example.com/projects/:id", "timestamp_start": 0.0,
-             "timestamp_end": 0.0, "session_id": sid}
+            {
+                "index": next_index[i] + j,
+                "type": "click",
+                "title": f"Button {j}",
+                "description": f"User clicked button {j} on the page",
+                "canonical_url": "https://app.example.com/projects/:id",
+                "timestamp_start": 0.0,
+                "timestamp_end": 0.0,
+                "session_id": sid,
+            }
             for j in range(n)
         ]
         next_index[i] += n
-        payloads.append({"type": "actions", "product_id": "bench", "session_id": sid,
-                         "actions": acts, "count": n, "forwarded_at": 0.0})
+        payloads.append(
+            {
+                "type": "actions",
+                "product_id": "bench",
+                "session_id": sid,
+                "actions": acts,
+                "count": n,
+                "forwarded_at": 0.0,
+            }
+        )
         if next_index[i] >= per_session[i]:
             live.remove(i)
     return payloads
 
 
-async def produce(bootstrap: str, topic: str, payloads: list[dict[str, Any]],
-                  rate: float | None = None) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all",
-                                max_batch_size=256 * 1024)
+async def produce(
+    bootstrap: str, topic: str, payloads: list[dict[str, Any]], rate: float | None = None
+) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=5, acks="all", max_batch_size=256 * 1024
+    )
     await producer.start()
     try:
         start = time.perf_counter()
@@ -78,15 +95,24 @@ async def produce(bootstrap: str, topic: str, payloads: list[dict[str, Any]],
                     await asyncio.sleep(delay)
                 for a in p["actions"]:  # the action happens now: latency starts here
                     a["timestamp_end"] = time.time()
-            futures.append(await producer.send(topic, orjson.dumps(p), key=p["session_id"].encode()))
+            futures.append(
+                await producer.send(topic, orjson.dumps(p), key=p["session_id"].encode())
+            )
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
 
 
-async def bench_raw_consumer(bootstrap: str, topic: str, expected_messages: int, actions: int) -> float:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None)
+async def bench_raw_consumer(
+    bootstrap: str, topic: str, expected_messages: int, actions: int
+) -> float:
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+    )
     await consumer.start()
     try:
         seen, start = 0, time.perf_counter()
@@ -110,8 +136,9 @@ async def bench_sdk(payload_bytes: list[bytes], actions: int, threshold: int) ->
         return None
 
     summarizer = AsyncSessionSummarizer(llm=llm, threshold=threshold)
-    writer = AsyncAgentContextWriter(summarizer=summarizer, write_actions=noop,
-                                     overwrite_with_summary=noop)
+    writer = AsyncAgentContextWriter(
+        summarizer=summarizer, write_actions=noop, overwrite_with_summary=noop
+    )
     start = time.perf_counter()
     for raw in payload_bytes:  # what a consumer of the SSE stream does per event
         await writer.add(SdkPayload.from_dict(orjson.loads(raw)))
@@ -129,10 +156,22 @@ class Workers:
     def start(self, module: str, name: str, port: int, **extra: str) -> None:
         log = self.run_dir / f"{name}.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", module, "worker", "-l", "info",
-             "--web-port", str(port)],
-            cwd=ROOT, env={**os.environ, **self.env, **extra, "AC_WEB_PORT": str(port)},
-            stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "faust",
+                "-A",
+                module,
+                "worker",
+                "-l",
+                "info",
+                "--web-port",
+                str(port),
+            ],
+            cwd=ROOT,
+            env={**os.environ, **self.env, **extra, "AC_WEB_PORT": str(port)},
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
         )
         self.procs.append((proc, log))
 
@@ -179,8 +218,15 @@ async def scrape(client: httpx.AsyncClient, port: int) -> str:
         return ""
 
 
-async def wait_metric(client: httpx.AsyncClient, port: int, name: str, target: float,
-                      label: str, timeout: float = 900, **labels: str) -> float:
+async def wait_metric(
+    client: httpx.AsyncClient,
+    port: int,
+    name: str,
+    target: float,
+    label: str,
+    timeout: float = 900,
+    **labels: str,
+) -> float:
     """Poll until the metric reaches target; prints progress; returns the time it did."""
     deadline = time.monotonic() + timeout
     last, shown = -1.0, 0.0
@@ -205,18 +251,28 @@ def changelog_bytes(kafka_data: Path, app_id: str) -> int:
     return total
 
 
-async def bench_pipeline(args: argparse.Namespace, payloads: list[dict[str, Any]],
-                         actions: int) -> dict[str, float]:
+async def bench_pipeline(
+    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
+) -> dict[str, float]:
     tag = uuid.uuid4().hex[:6]
     run_dir = ROOT / ".bench" / tag
     run_dir.mkdir(parents=True)
-    env = {"KAFKA_BOOTSTRAP_SERVERS": args.bootstrap, "AC_APP_ID": f"bench-{tag}",
-           "AC_TOPIC_PREFIX": f"bench-{tag}.", "AC_PARTITIONS": str(args.partitions),
-           "AC_DATA_DIR": str(run_dir / "state"), "AC_THRESHOLD": str(args.threshold),
-           "AC_LLM_CALLABLE": "scripts.bench_plugins:instant", "AC_STORE": args.store,
-           "AC_IDLE_TIMEOUT_S": "3600"}
-    settings = Settings(kafka_bootstrap_servers=args.bootstrap, topic_prefix=env["AC_TOPIC_PREFIX"],
-                        partitions=args.partitions)
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
+        "AC_APP_ID": f"bench-{tag}",
+        "AC_TOPIC_PREFIX": f"bench-{tag}.",
+        "AC_PARTITIONS": str(args.partitions),
+        "AC_DATA_DIR": str(run_dir / "state"),
+        "AC_THRESHOLD": str(args.threshold),
+        "AC_LLM_CALLABLE": "scripts.bench_plugins:instant",
+        "AC_STORE": args.store,
+        "AC_IDLE_TIMEOUT_S": "3600",
+    }
+    settings = Settings(
+        kafka_bootstrap_servers=args.bootstrap,
+        topic_prefix=env["AC_TOPIC_PREFIX"],
+        partitions=args.partitions,
+    )
     await ensure_topics(settings)
     print(f"  producing {len(payloads):,} payloads to {settings.topic('actions')} ...")
     await produce(args.bootstrap, settings.topic("actions"), payloads)
@@ -229,15 +285,23 @@ async def bench_pipeline(args: argparse.Namespace, payloads: list[dict[str, Any]
             workers.start("sinks.app", "sink-null", args.port + 1, AC_SINK="null")
             await wait_metric(client, args.port + 1, "ac_sink_operations_total", 1, "first op")
             start = time.perf_counter()
-            t_accumulated = await wait_metric(client, args.port, "ac_actions_in_total", actions,
-                                              "actions accumulated")
-            t_applied = await wait_metric(client, args.port + 1, "ac_sink_operations_total",
-                                          expected_ops, "batches applied at the null sink",
-                                          op="actions_written")
+            t_accumulated = await wait_metric(
+                client, args.port, "ac_actions_in_total", actions, "actions accumulated"
+            )
+            t_applied = await wait_metric(
+                client,
+                args.port + 1,
+                "ac_sink_operations_total",
+                expected_ops,
+                "batches applied at the null sink",
+                op="actions_written",
+            )
             rss = workers.peak_rss_mb()
     finally:
         workers.stop()
-    kafka_data = Path(os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / args.bootstrap.rsplit(":", 1)[1]))
+    kafka_data = Path(
+        os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / args.bootstrap.rsplit(":", 1)[1])
+    )
     cl_bytes = changelog_bytes(kafka_data / "logs", env["AC_APP_ID"])
     return {
         "accumulate_rate": actions / (t_accumulated - start),
@@ -252,12 +316,21 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
     tag = uuid.uuid4().hex[:6]
     run_dir = ROOT / ".bench" / f"lat-{tag}"
     run_dir.mkdir(parents=True)
-    env = {"KAFKA_BOOTSTRAP_SERVERS": args.bootstrap, "AC_APP_ID": f"benchlat-{tag}",
-           "AC_TOPIC_PREFIX": f"benchlat-{tag}.", "AC_PARTITIONS": str(args.partitions),
-           "AC_DATA_DIR": str(run_dir / "state"), "AC_THRESHOLD": str(args.threshold),
-           "AC_LLM_CALLABLE": "scripts.bench_plugins:instant", "AC_STORE": args.store}
-    settings = Settings(kafka_bootstrap_servers=args.bootstrap, topic_prefix=env["AC_TOPIC_PREFIX"],
-                        partitions=args.partitions)
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
+        "AC_APP_ID": f"benchlat-{tag}",
+        "AC_TOPIC_PREFIX": f"benchlat-{tag}.",
+        "AC_PARTITIONS": str(args.partitions),
+        "AC_DATA_DIR": str(run_dir / "state"),
+        "AC_THRESHOLD": str(args.threshold),
+        "AC_LLM_CALLABLE": "scripts.bench_plugins:instant",
+        "AC_STORE": args.store,
+    }
+    settings = Settings(
+        kafka_bootstrap_servers=args.bootstrap,
+        topic_prefix=env["AC_TOPIC_PREFIX"],
+        partitions=args.partitions,
+    )
     await ensure_topics(settings)
     seconds = args.latency_seconds
     payloads = workload(int(args.rate * seconds), 500, seed=args.seed + 1, min_batch=1, max_batch=3)
@@ -271,10 +344,17 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
             await wait_metric(client, args.port + 11, "ac_sink_operations_total", 0, "sink up")
             await asyncio.sleep(3)  # let the consumer groups settle before offering load
             print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
-            await produce(args.bootstrap, settings.topic("actions"), payloads,
-                          rate=batches / seconds)
-            await wait_metric(client, args.port + 11, "ac_sink_operations_total", batches,
-                              "batches applied", op="actions_written")
+            await produce(
+                args.bootstrap, settings.topic("actions"), payloads, rate=batches / seconds
+            )
+            await wait_metric(
+                client,
+                args.port + 11,
+                "ac_sink_operations_total",
+                batches,
+                "batches applied",
+                op="actions_written",
+            )
             text = await scrape(client, args.port + 11)
     finally:
         workers.stop()
@@ -305,16 +385,30 @@ async def bench_summarizer(args: argparse.Namespace) -> float:
     run_dir = ROOT / ".bench" / f"sum-{tag}"
     run_dir.mkdir(parents=True)
     sessions, threshold = 2000, args.threshold
-    env = {"KAFKA_BOOTSTRAP_SERVERS": args.bootstrap, "AC_APP_ID": f"benchsum-{tag}",
-           "AC_TOPIC_PREFIX": f"benchsum-{tag}.", "AC_PARTITIONS": str(args.partitions),
-           "AC_DATA_DIR": str(run_dir / "state"), "AC_THRESHOLD": str(threshold),
-           "AC_LLM_CALLABLE": "scripts.bench_plugins:slow_500ms",
-           "AC_LLM_CONCURRENCY": str(args.llm_concurrency), "AC_IDLE_TIMEOUT_S": "3600"}
-    settings = Settings(kafka_bootstrap_servers=args.bootstrap, topic_prefix=env["AC_TOPIC_PREFIX"],
-                        partitions=args.partitions)
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
+        "AC_APP_ID": f"benchsum-{tag}",
+        "AC_TOPIC_PREFIX": f"benchsum-{tag}.",
+        "AC_PARTITIONS": str(args.partitions),
+        "AC_DATA_DIR": str(run_dir / "state"),
+        "AC_THRESHOLD": str(threshold),
+        "AC_LLM_CALLABLE": "scripts.bench_plugins:slow_500ms",
+        "AC_LLM_CONCURRENCY": str(args.llm_concurrency),
+        "AC_IDLE_TIMEOUT_S": "3600",
+    }
+    settings = Settings(
+        kafka_bootstrap_servers=args.bootstrap,
+        topic_prefix=env["AC_TOPIC_PREFIX"],
+        partitions=args.partitions,
+    )
     await ensure_topics(settings)
-    payloads = workload(sessions * threshold * 2, sessions, seed=args.seed + 2, min_batch=threshold,
-                        max_batch=threshold)
+    payloads = workload(
+        sessions * threshold * 2,
+        sessions,
+        seed=args.seed + 2,
+        min_batch=threshold,
+        max_batch=threshold,
+    )
     await produce(args.bootstrap, settings.topic("actions"), payloads)
     summaries = len(payloads)  # one batch of K actions -> one summary
     global WORKERS
@@ -324,8 +418,9 @@ async def bench_summarizer(args: argparse.Namespace) -> float:
             workers.start("agents.app", "pipeline", args.port + 20)
             await wait_metric(client, args.port + 20, "ac_summaries_total", 1, "first summary")
             start = time.perf_counter()
-            done = await wait_metric(client, args.port + 20, "ac_summaries_total", summaries,
-                                     "summaries")
+            done = await wait_metric(
+                client, args.port + 20, "ac_summaries_total", summaries, "summaries"
+            )
     finally:
         workers.stop()
     return (summaries - 1) / (done - start)
@@ -334,14 +429,20 @@ async def bench_summarizer(args: argparse.Namespace) -> float:
 async def main_async(args: argparse.Namespace) -> None:
     if args.mode == "summarizer":
         rate = await bench_summarizer(args)
-        print(f"summarizer: {rate:,.0f} summaries/s with a 500 ms LLM "
-              f"(concurrency {args.llm_concurrency}, 2,000 sessions)")
+        print(
+            f"summarizer: {rate:,.0f} summaries/s with a 500 ms LLM "
+            f"(concurrency {args.llm_concurrency}, 2,000 sessions)"
+        )
         return
-    payloads = workload(args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch)
+    payloads = workload(
+        args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch
+    )
     actions = sum(len(p["actions"]) for p in payloads)
     raw = [orjson.dumps(p) for p in payloads]
-    print(f"workload: {actions:,} actions, {args.sessions:,} sessions, {len(payloads):,} payloads "
-          f"(1-{args.max_batch} actions each), K={args.threshold}, {args.partitions} partitions")
+    print(
+        f"workload: {actions:,} actions, {args.sessions:,} sessions, {len(payloads):,} payloads "
+        f"(1-{args.max_batch} actions each), K={args.threshold}, {args.partitions} partitions"
+    )
     print("(b) in-process autoplay_sdk writer + summarizer ...")
     sdk_rate = await bench_sdk(raw, actions, args.threshold)
     print("(c) our pipeline end to end ...")
@@ -357,22 +458,36 @@ async def main_async(args: argparse.Namespace) -> None:
     print()
     print(f"{'(a) raw aiokafka consumer':<44} {raw_rate:>12,.0f} actions/s")
     print(f"{'(b) in-process SDK (no durability)':<44} {sdk_rate:>12,.0f} actions/s")
-    print(f"{'(c) pipeline: accumulate (actions in)':<44} {ours['accumulate_rate']:>12,.0f} actions/s")
-    print(f"{'(c) pipeline: end to end at the null sink':<44} {ours['end_to_end_rate']:>12,.0f} actions/s")
-    print(f"c/a = {ours['end_to_end_rate'] / raw_rate:.2f}   c/b = {ours['end_to_end_rate'] / sdk_rate:.2f}"
-          f"   (accumulate only: c/b = {ours['accumulate_rate'] / sdk_rate:.2f})")
-    print(f"latency at {args.rate:,.0f} actions/s offered: p50 <= {latency['p50_le_s'] * 1000:.0f} ms, "
-          f"p99 <= {latency['p99_le_s'] * 1000:.0f} ms ({latency['samples']:,.0f} batches; "
-          "histogram bucket bounds)")
-    print(f"peak RSS: pipeline {ours['rss_pipeline_mb']:.0f} MiB, sink {ours['rss_sink_mb']:.0f} MiB; "
-          f"bench process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    print(
+        f"{'(c) pipeline: accumulate (actions in)':<44} {ours['accumulate_rate']:>12,.0f} actions/s"
+    )
+    print(
+        f"{'(c) pipeline: end to end at the null sink':<44} {ours['end_to_end_rate']:>12,.0f} actions/s"
+    )
+    print(
+        f"c/a = {ours['end_to_end_rate'] / raw_rate:.2f}   c/b = {ours['end_to_end_rate'] / sdk_rate:.2f}"
+        f"   (accumulate only: c/b = {ours['accumulate_rate'] / sdk_rate:.2f})"
+    )
+    print(
+        f"latency at {args.rate:,.0f} actions/s offered: p50 <= {latency['p50_le_s'] * 1000:.0f} ms, "
+        f"p99 <= {latency['p99_le_s'] * 1000:.0f} ms ({latency['samples']:,.0f} batches; "
+        "histogram bucket bounds)"
+    )
+    print(
+        f"peak RSS: pipeline {ours['rss_pipeline_mb']:.0f} MiB, sink {ours['rss_sink_mb']:.0f} MiB; "
+        f"bench process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+    )
     print(f"changelog bytes per action: {ours['changelog_bytes_per_action']:.0f}")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mode", choices=["throughput", "summarizer"], default="throughput")
-    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    parser.add_argument(
+        "--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    )
     parser.add_argument("--actions", type=int, default=200_000)
     parser.add_argument("--sessions", type=int, default=5_000)
     parser.add_argument("--max-batch", type=int, default=3)
