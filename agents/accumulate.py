@@ -32,8 +32,8 @@ from streams import metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.lag import OwnedKeys
-from streams.tables import session_table
-from streams.topics import Topics
+from streams.tables import owned_partitions, session_table
+from streams.topics import MESSAGE_MAX_BYTES, Topics
 
 __all__ = ["register"]
 
@@ -41,6 +41,30 @@ log = logging.getLogger(__name__)
 
 BATCH_MAX = 500
 BATCH_WITHIN_S = 0.005
+
+
+def _decoded(raw: bytes | None) -> SessionState | None:
+    return None if raw is None else SessionState.from_bytes(raw)
+
+
+def _oversized(state: bytes, out: list[Emission]) -> str | None:
+    """Why this payload cannot be applied within the broker's message limit, if it cannot.
+
+    The state must stay under half the limit: a debounce flush or an idle close
+    later emits what it holds as one operation of up to about twice its size.
+    """
+    biggest = max((len(e.value) for e in out), default=0)
+    if biggest > MESSAGE_MAX_BYTES:
+        return (
+            f"payload too large: its {biggest}-byte operation exceeds the "
+            f"{MESSAGE_MAX_BYTES}-byte message limit"
+        )
+    if len(state) > MESSAGE_MAX_BYTES // 2:
+        return (
+            f"payload too large: the session's pending state would be {len(state)} bytes, "
+            f"over {MESSAGE_MAX_BYTES // 2} (half the message limit)"
+        )
+    return None
 
 
 def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
@@ -63,8 +87,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
     debouncing: set[str] = set()
 
     def load(session_id: str) -> SessionState | None:
-        raw = sessions.get(session_id)
-        return None if raw is None else SessionState.from_bytes(raw)
+        return _decoded(sessions.get(session_id))
 
     async def emit(emissions: Iterable[tuple[str, Emission]]) -> None:
         """Produce in order and wait until the broker acknowledged every message."""
@@ -73,6 +96,8 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
 
     async def apply_events(events: list[faust.EventT]) -> None:
         states: dict[str, SessionState | None] = {}
+        encoded: dict[str, bytes | None] = {}  # each session's last accepted state, as stored
+        changed: set[str] = set()
         emissions: list[tuple[str, Emission]] = []
         now = time.time()
         for event in events:
@@ -83,20 +108,32 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
                 await dead_letters.write(message, exc.reason)
                 continue
             sid = payload.session_id
-            state = states[sid] if sid in states else load(sid)
-            if already_applied(state, message.offset):
+            if sid not in states:
+                encoded[sid] = sessions.get(sid)
+                states[sid] = _decoded(encoded[sid])
+            if already_applied(states[sid], message.offset):
                 metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
                 continue
-            state, out = apply_payload(state, payload, message.offset, limits, now)
-            states[sid] = state
+            state, out = apply_payload(states[sid], payload, message.offset, limits, now)
+            raw = state.to_bytes()
+            if too_large := _oversized(raw, out):
+                # Fix (found by tests/test_reliability.py): a payload whose operation,
+                # summarize request or state entry exceeds what the broker takes used
+                # to make the send raise, crashing the agent and losing the rest of
+                # the batch (take_events acks it anyway). Dead-letter it instead and
+                # keep the session's state from before it (apply_payload mutated it).
+                await dead_letters.write(message, too_large)
+                states[sid] = _decoded(encoded[sid])
+                continue
+            states[sid], encoded[sid] = state, raw
+            changed.add(sid)
             emissions.extend((sid, e) for e in out)
             metrics.ACTIONS_IN.inc(len(payload.actions))
             if state.debounce:
                 debouncing.add(sid)
         await emit(emissions)
-        for sid, state in states.items():
-            if state is not None:
-                sessions[sid] = state.to_bytes()
+        for sid in changed:
+            sessions[sid] = encoded[sid]
 
     @app.agent(topics.actions, name="accumulate")
     async def accumulate(stream: faust.StreamT[bytes]) -> None:
@@ -117,7 +154,10 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
     async def expire_idle_sessions() -> None:
         now = time.time()
         idle = []
+        owned = owned_partitions(app, topics.actions)
         for sid, raw in list(sessions.items()):
+            if sessions.partition_for_key(sid) not in owned:
+                continue  # a stale entry of a partition another worker owns now
             state = SessionState.from_bytes(raw)
             if now - state.last_seen >= settings.idle_timeout_s:
                 idle.append(sid)
@@ -134,9 +174,10 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         @app.timer(max(settings.debounce_ms / 4000, 0.01), name="accumulate.flush_debounce")
         async def flush_debounced() -> None:
             now = time.time()
+            owned = owned_partitions(app, topics.actions)
             for sid in list(debouncing):
                 async with state_lock:
-                    state = load(sid)
+                    state = load(sid) if sessions.partition_for_key(sid) in owned else None
                     if state is None or not state.debounce:
                         debouncing.discard(sid)
                         continue

@@ -32,8 +32,8 @@ from schemas import (
 from streams import metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
-from streams.lanes import Lanes
-from streams.tables import session_table
+from streams.lanes import InOrderAcks, Lanes
+from streams.tables import owned_partitions, session_table
 from streams.topics import Topics
 
 __all__ = ["SummaryState", "register"]
@@ -116,12 +116,13 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         state.carry.extend(b.model_dump(mode="json") for b in request.batches)
         metrics.SUMMARIES.labels("failed").inc()
 
-    async def handle(session_id: str, item: tuple[faust.EventT, SummarizeRequest]) -> None:
-        event, request = item
+    async def handle(session_id: str, item: tuple[Any, SummarizeRequest]) -> None:
+        ticket, request = item
+        event = ticket.event
         state = load(session_id, request.generation)
         if state is None or request.seq_to <= state.covered_to:
             metrics.REPLAYS_SKIPPED.labels("summarize").inc()
-            await stream_ref[0].ack(event)
+            await acks.done(ticket)
             return
         payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
         try:
@@ -138,32 +139,36 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             table.pop(session_id, None)  # the session is closed: expire its state
         else:
             table[session_id] = state.to_bytes()
-        await stream_ref[0].ack(event)
+        await acks.done(ticket)  # only now, and in offset order, may Faust commit past it
 
-    lanes: Lanes[tuple[faust.EventT, SummarizeRequest]] = Lanes(
+    lanes: Lanes[tuple[Any, SummarizeRequest]] = Lanes(
         handle, max_pending=settings.max_in_flight_requests
     )
-    stream_ref: list[faust.StreamT[bytes]] = []
+    # Lanes finish out of order; Faust must see acks in offset order (see InOrderAcks).
+    acks = InOrderAcks()
 
     @app.agent(topics.summarize, name="summarize")
     async def summarize(stream: faust.StreamT[bytes]) -> None:
         manual = cast(faust.Stream[bytes], stream).noack()
-        stream_ref[:] = [manual]
         async for event in manual.events():
+            ticket = acks.track(manual, event)
             try:
                 request = decode(SummarizeRequest, event.message.value)
             except InvalidMessage as exc:
                 await dead_letters.write(event.message, exc.reason)
-                await manual.ack(event)
+                await acks.done(ticket)
                 continue
-            await lanes.submit(request.session_id, (event, request))
+            await lanes.submit(request.session_id, (ticket, request))
 
     @app.timer(max(settings.idle_timeout_s, 1.0), name="summarize.expire_idle")
     async def expire_idle_summaries() -> None:
         # A session that idled out with nothing pending never sends a final
         # request; its summary state goes after twice the idle time.
         horizon = time.time() - 2 * settings.idle_timeout_s
+        owned = owned_partitions(app, topics.summarize)
         for sid, raw in list(table.items()):
+            if table.partition_for_key(sid) not in owned:
+                continue  # stale: another worker owns it now (see owned_partitions)
             state = SummaryState.from_bytes(raw)
             if state.updated_at < horizon and not state.carry:
                 table.pop(sid, None)

@@ -15,12 +15,15 @@ from typing import Any
 import aiohttp.web
 import faust
 
+from streams import faust_patches
 from streams.settings import Settings
-from streams.topics import ensure_topics
+from streams.topics import DEAD_LETTER_MAX_BYTES, ensure_topics
 
 __all__ = ["ContextApp", "create_app"]
 
 log = logging.getLogger(__name__)
+
+faust_patches.apply()  # seek before resuming streams after recovery (see the module)
 
 
 class ContextApp(faust.App):
@@ -62,6 +65,10 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        # Lets a dead letter of a message at the broker's limit through (the
+        # dead-letter topic accepts it); every other topic is guarded by
+        # MESSAGE_MAX_BYTES where messages are built (agents/accumulate.py).
+        producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         broker_commit_interval=1.0,
         table_standby_replicas=0,
         web_host=settings.web_host,

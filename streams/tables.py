@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import faust
+from aiokafka.partitioner import murmur2
 
 from streams.app import ContextApp
 
-__all__ = ["session_table"]
+__all__ = ["owned_partitions", "session_table"]
 
 
 class _RawTable(faust.Table):
@@ -34,6 +35,22 @@ class _RawTable(faust.Table):
     def _serializer_from_type(self, typ: Any) -> str:
         return "raw"
 
+    def partition_for_key(self, key: Any) -> int:
+        """The key's partition, computed like Kafka's default partitioner (murmur2).
+
+        Fix (found by tests/test_reliability.py, a sink worker's first writes on a
+        fresh broker): with ``use_partitioner`` Faust asks the producer to pick the
+        partition, and the producer raises ``TypeError`` when it has no metadata
+        for the changelog topic yet (just created). The write failed, the lane
+        handling the session stopped with its event never acknowledged, commits
+        stopped for that partition, the context lost the operation, and the next
+        rebalance hung waiting for the unacknowledged events. Computing the
+        partition needs no metadata, and is by construction the session's
+        partition in every topic.
+        """
+        raw = key if isinstance(key, bytes) else str(key).encode("utf-8")
+        return (murmur2(raw) & 0x7FFFFFFF) % int(self.partitions or self.app.conf.topic_partitions)
+
 
 def session_table(app: ContextApp, name: str) -> faust.Table:
     table = _RawTable(
@@ -47,3 +64,20 @@ def session_table(app: ContextApp, name: str) -> faust.Table:
         use_partitioner=True,
     )
     return app.tables.add(table)  # type: ignore[return-value]
+
+
+def owned_partitions(app: faust.App, topic: faust.TopicT) -> set[int]:
+    """The partitions of ``topic`` this worker is assigned now (empty while starting).
+
+    Fix (found by tests/test_reliability.py, idle expiry after a rebalance): a
+    table's in-memory store keeps the entries it wrote for partitions revoked
+    since (Faust drops only entries it restored from the changelog), so a timer
+    walking ``table.items()`` also sees sessions another worker owns now, with
+    stale state. Timers must skip keys whose ``partition_for_key`` is not here.
+    """
+    name = topic.get_topic_name()
+    try:
+        assigned = app.consumer.assignment()
+    except Exception:  # the consumer is not started yet, or being replaced
+        return set()
+    return {tp.partition for tp in assigned if tp.topic == name}

@@ -11,7 +11,22 @@ from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.settings import Settings
 
-__all__ = ["TOPIC_NAMES", "Topics", "declare_topics", "ensure_topics"]
+__all__ = [
+    "DEAD_LETTER_MAX_BYTES",
+    "MESSAGE_MAX_BYTES",
+    "TOPIC_NAMES",
+    "Topics",
+    "declare_topics",
+    "ensure_topics",
+]
+
+# The largest message the service produces to its own topics: the broker's
+# default limit (message.max.bytes, 1048588) minus room for the record batch.
+MESSAGE_MAX_BYTES = 1_000_000
+# Dead letters carry the original message base64-encoded (4/3 of its size) plus
+# the reason: the dead-letter topic takes up to this much, so a message at the
+# broker's limit can still be dead-lettered whole ("never dropped").
+DEAD_LETTER_MAX_BYTES = 4 * 1024 * 1024
 
 ACTIONS, SUMMARIZE, CONTEXT, DEAD_LETTERS, LINKS = (
     "actions",
@@ -55,7 +70,14 @@ async def ensure_topics(settings: Settings) -> None:
     try:
         existing = set(await admin.list_topics())
         missing = [
-            NewTopic(settings.topic(n), num_partitions=settings.partitions, replication_factor=1)
+            NewTopic(
+                settings.topic(n),
+                num_partitions=settings.partitions,
+                replication_factor=1,
+                topic_configs=(
+                    {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)} if n == DEAD_LETTERS else {}
+                ),
+            )
             for n in TOPIC_NAMES
             if settings.topic(n) not in existing
         ]

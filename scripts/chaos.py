@@ -1,0 +1,250 @@
+#!/usr/bin/env python
+"""Chaos run: the pipeline and sinks under SIGKILLs (and broker restarts) for a while.
+
+    .venv/bin/python scripts/chaos.py --duration 300
+    .venv/bin/python scripts/chaos.py --duration 600 --broker-restarts --seed 7
+
+Starts a pipeline worker, a files sink and a recording sink (each its own
+process, as in production), an OpenAI-compatible fake LLM on loopback, and a
+producer streaming an endless multi-session workload. At random intervals it
+SIGKILLs one or more workers and starts them again (and, with
+``--broker-restarts``, restarts a broker of its own, never a shared one). When
+the time is up it stops producing, waits until everything produced has been
+delivered, and checks the invariant from the destinations' own records
+(tests/support/invariants.py):
+
+* every action delivered exactly once in effect, per-session order kept;
+* summaries rolling, windows contiguous, ranges at the threshold crossings,
+  nothing summarised before it was delivered;
+* each session's context file = last summary + exactly the batches after it;
+* nothing in dead letters.
+
+Prints progress while it runs and a summary at the end; exits 1 on any
+violation (or if the system does not catch up), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from streams.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
+from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
+from tests.support.cluster import (  # noqa: E402
+    RECORDER,
+    Cluster,
+    ManagedWorker,
+    SeparateBroker,
+    reliability_env,
+)
+from tests.support.invariants import (  # noqa: E402
+    check_files,
+    check_records,
+    expected_from_topic,
+    is_complete,
+    progress,
+)
+from tests.support.kafka_io import StreamProducer, read_topic  # noqa: E402
+
+THRESHOLD = 8
+MAX_PER_BATCH = 500
+
+
+def say(message: str, started: float) -> None:
+    print(f"[chaos {time.monotonic() - started:6.1f}s] {message}", flush=True)
+
+
+def endless_stream(seed: int, wave_sessions: int) -> Iterator[dict[str, Any]]:
+    """Waves of new sessions, each wave's sessions interleaved, forever."""
+    for wave in itertools.count():
+        plans = plan_sessions(
+            wave_sessions, mean_length=30, seed=seed * 1000 + wave, prefix=f"w{wave}"
+        )
+        yield from interleaved_payloads(plans, seed=seed * 1000 + wave)
+
+
+async def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    rng = random.Random(args.seed)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (once, at start-up)
+    say(f"seed {args.seed}, duration {args.duration}s, logs in {workdir}", started)
+
+    broker: SeparateBroker | None = None
+    bootstrap = args.bootstrap
+    if args.broker_restarts:
+        say("starting a broker of this run's own (it will be restarted)", started)
+        broker = await asyncio.to_thread(SeparateBroker(workdir / "kafka").start)
+        bootstrap = broker.bootstrap
+
+    kills: Counter[str] = Counter()
+    restarts = 0
+    cluster: Cluster | None = None
+    try:
+        async with FakeOpenAIServer(latency_s=0.05) as llm:
+            env = reliability_env(
+                bootstrap,
+                workdir,
+                AC_THRESHOLD=str(THRESHOLD),
+                AC_LLM_API_KEY="sk-chaos-not-a-secret",
+                AC_LLM_BASE_URL=llm.base_url,
+                AC_FORMAT_ACTIONS="tests.support.plugins:format_with_session",
+                AC_IDLE_TIMEOUT_S="3600",
+                AC_LLM_RETRY_MAX_WAIT_S="1",
+            )
+            cluster = Cluster(env, workdir)
+            pipeline = cluster.pipeline()
+            files = cluster.sink("files")
+            recorder = cluster.sink(RECORDER)
+            await cluster.ready()
+            say(f"workers ready; producing ~{args.rate:g} payloads/s", started)
+            producer = await StreamProducer(
+                env, endless_stream(args.seed, args.wave_sessions), rate=args.rate
+            ).start()
+
+            targets: list[tuple[str, list[ManagedWorker]]] = [
+                ("pipeline", [pipeline]),
+                ("files sink", [files]),
+                ("recorder sink", [recorder]),
+                ("pipeline + recorder", [pipeline, recorder]),
+                ("everything", [pipeline, files, recorder]),
+            ]
+            if broker is not None:
+                targets.append(("broker", []))
+            deadline = started + args.duration
+            next_report = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                pause = rng.uniform(args.kill_min, args.kill_max)
+                wake = min(time.monotonic() + pause, deadline)
+                while time.monotonic() < wake:
+                    await asyncio.sleep(min(1.0, wake - time.monotonic()))
+                    if time.monotonic() >= next_report:
+                        next_report += 10
+                        say(
+                            f"produced {producer.produced} payloads, recorder has "
+                            f"{len(cluster.records())} operations, kills {sum(kills.values())}, "
+                            f"restarts {restarts}",
+                            started,
+                        )
+                if time.monotonic() >= deadline:
+                    break
+                name, victims = rng.choice(targets)
+                if not victims:
+                    assert broker is not None
+                    say("restarting the broker", started)
+                    await broker.restart(down_s=rng.uniform(1, 4), hard=rng.random() < 0.5)
+                    kills["broker"] += 1
+                    say("broker back", started)
+                    continue
+                say(f"kill -9 {name}", started)
+                for victim in victims:
+                    victim.kill()
+                    kills[victim.name] += 1
+                await asyncio.sleep(rng.uniform(0.0, 2.0))
+                for victim in victims:
+                    victim.start()
+                    restarts += 1
+                await cluster.ready(*victims)
+
+            await producer.stop()
+            say(
+                f"chaos over: {producer.produced} payloads produced; waiting for delivery",
+                started,
+            )
+            records = await read_topic(env, "actions", timeout=120)
+            expected = expected_from_topic(records, THRESHOLD, MAX_PER_BATCH)
+            settle_deadline = time.monotonic() + args.settle_timeout
+            caught_up = False
+            while time.monotonic() < settle_deadline:
+                if is_complete(cluster.records(), expected):
+                    caught_up = True
+                    break
+                say(progress(cluster.records(), expected), started)
+                await asyncio.sleep(5)
+            report = check_records(cluster.records(), expected, complete=True)
+            wrong_files: list[str] = []
+            if caught_up:
+                for _ in range(30):  # the files sink may trail the recorder a little
+                    wrong_files = check_files(cluster.files_dir, cluster.records(), expected)
+                    if not wrong_files:
+                        break
+                    await asyncio.sleep(2)
+            dead_letters = await read_topic(env, "dead-letters", timeout=60)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if broker is not None:
+            await asyncio.to_thread(broker.remove)
+
+    violations = list(report.violations)
+    violations += [f"{sid}: context file differs" for sid in wrong_files]
+    violations += [f"dead letter at {r.partition}@{r.offset}" for r in dead_letters]
+    if not caught_up:
+        violations.append(f"not caught up after {args.settle_timeout:.0f}s")
+    print()
+    print("chaos summary")
+    print(f"  seed                 {args.seed}")
+    total = time.monotonic() - started
+    print(f"  duration             {args.duration:.0f}s of chaos, {total:.0f}s in all")
+    print(f"  kills                {sum(kills.values())} ({dict(sorted(kills.items()))})")
+    print(
+        f"  restarts             {restarts} workers"
+        + (f", {kills['broker']} broker" if broker else "")
+    )
+    print(
+        f"  events               {len(records)} payloads, {expected.actions} actions, "
+        f"{len(expected.sessions)} sessions"
+    )
+    print(f"  delivered            {report.line()}")
+    exact = len(expected.sessions) - len(wrong_files)
+    print(f"  files sink           {exact}/{len(expected.sessions)} context files exact")
+    print(f"  invariant violations {len(violations)}")
+    for violation in violations[:40]:
+        print(f"    - {violation}")
+    if violations:
+        print(f"  logs kept in {workdir}")
+    elif not args.workdir and not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if violations else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds of chaos")
+    parser.add_argument("--seed", type=int, default=random.randrange(1_000_000))
+    parser.add_argument("--rate", type=float, default=30.0, help="payloads per second")
+    parser.add_argument("--wave-sessions", type=int, default=20, help="sessions per wave")
+    parser.add_argument("--kill-min", type=float, default=4.0, help="shortest pause between faults")
+    parser.add_argument("--kill-max", type=float, default=15.0, help="longest pause between faults")
+    parser.add_argument(
+        "--broker-restarts", action="store_true", help="also restart a broker of the run's own"
+    )
+    parser.add_argument(
+        "--bootstrap", default="127.0.0.1:9092", help="broker when not --broker-restarts"
+    )
+    parser.add_argument("--settle-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--workdir", help="keep logs and outputs here (default: a temp dir, removed on success)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the temp dir even on success")
+    args = parser.parse_args()
+    sys.exit(asyncio.run(run(args)))
+
+
+if __name__ == "__main__":
+    main()

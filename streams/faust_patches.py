@@ -1,0 +1,131 @@
+"""A fix for faust-streaming 0.15.3 that every worker needs (applied by ``streams.app``).
+
+Found by tests/test_reliability.py (a worker SIGKILLed mid-stream and restarted):
+after table recovery, ``Recovery.on_recovery_completed`` *resumes* the stream
+partitions and only then seeks them to their committed offsets. Fetching runs
+in between (the flow is already active for reading changelogs), so records
+fetched from the pre-seek position reach the agents, and the seek then rewinds
+Faust's read offset under them. Observed effects, all silent:
+
+* a record far ahead of the committed offset processed first, and the records
+  before it then skipped by the accumulator as already applied (lost actions);
+* records after the first few treated as a "gap" that counts as acknowledged,
+  committed, and dropped when they arrive again below the read offset (lost
+  actions, lost summaries, lost sink operations).
+
+The fix is the same method with the two steps in the safe order: seek the
+(paused) stream partitions to their committed offsets, then resume them. This
+is the order Faust itself uses elsewhere (see faust-streaming PR #217).
+
+A second fix, same family (found by the rebalance test: a second worker joins):
+``Consumer.getmany`` fetches a batch in the consumer thread and yields it from
+the main thread. When ``perform_seek`` (rebalance recovery) runs while a batch
+is being fetched or yielded, records from *before* the seek are delivered
+after it. Faust has just reset its read offset to the committed offset, so it
+takes the stale record's higher offset as a "gap", counts the skipped offsets
+as acknowledged and commits past them, then drops the re-fetched records as
+already read: lost. Fix: a seek epoch. A batch whose fetch overlapped a seek
+is not delivered; instead the consumer seeks to the committed offsets again,
+so everything the discarded batch had consumed is fetched again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import faust
+from faust.tables.recovery import Recovery
+from faust.transport.consumer import Consumer
+from faust.types import TP, Message
+
+__all__ = ["apply"]
+
+PATCHED_VERSION = "0.15.3"
+
+log = logging.getLogger(__name__)
+
+_original_perform_seek = Consumer.perform_seek
+_original_getmany = Consumer.getmany
+
+
+async def _on_recovery_completed(self: Recovery, generation_id: int = 0) -> None:
+    """Faust 0.15.3's ``Recovery.on_recovery_completed``, seeking before resuming."""
+    consumer = self.app.consumer
+    self.log.info("Restore complete!")
+    await self.app.on_rebalance_complete.send()
+    self._set_recovery_ended()
+    callback_coros = [
+        asyncio.ensure_future(
+            table.on_recovery_completed(
+                self.actives_for_table[table],
+                self.standbys_for_table[table],
+            )
+        )
+        for table in self.tables.values()
+    ]
+    if callback_coros:
+        await asyncio.wait(callback_coros)
+    assignment = consumer.assignment()
+    if self.app.consumer_generation_id != generation_id:
+        self.log.warning(
+            f"Recovery rebalancing again app id "
+            f"{self.app.consumer_generation_id} param {generation_id}"
+        )
+        return
+    if assignment:
+        # Seek first, while the stream partitions are still paused ...
+        self.log.info("Seek stream partitions to committed offsets.")
+        await self._wait(consumer.perform_seek(), timeout=self.app.conf.broker_request_timeout)
+    # ... and only then let them fetch.
+    consumer.resume_partitions({tp for tp in assignment if not self._is_changelog_tp(tp)})
+    self.completed.set()
+    self.log.dev("Resume stream partitions")
+    self.app.flow_control.resume()
+    consumer.resume_flow()
+    await cast(Any, self.app)._fetcher.maybe_start()
+    self.tables.on_actives_ready()
+    if not self.app.assignor.assigned_standbys():
+        self.tables.on_standbys_ready()
+    self.app.on_rebalance_end()
+    self.log.info("Worker ready")
+
+
+async def _perform_seek(self: Consumer) -> None:
+    """Faust's seek to the committed offsets, counted: before and after (see getmany)."""
+    self._ac_seek_epoch = getattr(self, "_ac_seek_epoch", 0) + 1  # type: ignore[attr-defined]
+    try:
+        await _original_perform_seek(self)
+    finally:
+        self._ac_seek_epoch += 1  # type: ignore[attr-defined]
+
+
+async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
+    """Faust's getmany, not delivering a batch fetched before or during a seek."""
+    epoch = getattr(self, "_ac_seek_epoch", 0)
+    async for tp, message in _original_getmany(self, timeout):
+        if getattr(self, "_ac_seek_epoch", 0) != epoch:
+            break  # the rest of this batch may predate the seek
+        yield tp, message
+    if getattr(self, "_ac_seek_epoch", 0) != epoch:
+        # A seek ran while this batch was fetched or delivered. Faust may also have
+        # dropped some of its records (for partitions it deems inactive) after the
+        # fetch consumed them. Seek again: all of it comes again, in order.
+        log.info("records fetched across a seek discarded; seeking to committed offsets again")
+        try:
+            await _perform_seek(self)
+        except Exception:  # e.g. nothing assigned any more: the next rebalance seeks
+            log.warning("re-seek after discarding a batch failed", exc_info=True)
+
+
+def apply() -> None:
+    if faust.__version__ != PATCHED_VERSION:  # the copy above is of this version's method
+        raise RuntimeError(
+            f"streams/faust_patches.py patches faust-streaming {PATCHED_VERSION}, "
+            f"found {faust.__version__}: check whether the fix is still needed"
+        )
+    Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
+    Consumer.perform_seek = _perform_seek  # type: ignore[method-assign]
+    Consumer.getmany = _getmany  # type: ignore[method-assign,assignment]
