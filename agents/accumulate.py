@@ -1,9 +1,15 @@
-"""The accumulate agent: ``actions`` -> per-session table -> ``context`` + ``summarize``.
+"""The accumulate agent: ``actions`` -> per-session tables -> ``context`` + ``summarize``.
 
 Effectively-once: what a payload produces is acknowledged by the broker *before*
-the session's table entry (with the payload's offset) is written. A crash in
-between replays the payload with the old state, which re-emits the same sequence
-numbers; every downstream stage skips what it already applied.
+the session's table entries (with the payload's offset) are written, and those
+before the payload is acknowledged (``streams.write_behind``: the agent does
+not wait for that, it goes on with the next batch). A crash in between replays
+the payload with the old state, which re-emits the same sequence numbers; every
+downstream stage skips what it already applied.
+
+Two tables: ``sessions`` (one small entry per session) and ``batches`` (each
+un-summarised batch once, under ``<session>/<index>``), so the changelog grows
+by O(1) per action.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import faust
 from faust.types import TableT
@@ -32,8 +38,9 @@ from streams import metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.lag import OwnedKeys
-from streams.tables import owned_partitions, session_table
+from streams.tables import batch_key, batch_table, owned_partitions, session_table
 from streams.topics import MESSAGE_MAX_BYTES, Topics
+from streams.write_behind import WriteBehind
 
 __all__ = ["register"]
 
@@ -67,40 +74,84 @@ def _oversized(state: bytes, out: list[Emission]) -> str | None:
     return None
 
 
+class _TableBatches:
+    """The ``BatchStore`` of the session transitions, over the ``batches`` table.
+
+    Changes are staged until ``commit``: a payload that is dead-lettered after
+    its transition ran must leave the store as it was (``discard``).
+    """
+
+    def __init__(self, table: TableT[str, bytes], writes: WriteBehind) -> None:
+        self._table, self._writes = table, writes
+        self._staged: dict[str, bytes | None] = {}  # None: taken (delete on commit)
+
+    def put(self, session_id: str, index: int, body: bytes) -> None:
+        self._staged[batch_key(session_id, index)] = body
+
+    def take(self, session_id: str, first: int, end: int) -> list[bytes]:
+        bodies = []
+        for index in range(first, end):
+            key = batch_key(session_id, index)
+            if self._staged.get(key) is not None:
+                bodies.append(cast(bytes, self._staged.pop(key)))  # put by this change
+                continue
+            body = self._writes.get(self._table, key)
+            if body is None:  # a bug, not bad input: the state and the store disagree
+                raise RuntimeError(f"session {session_id}: pending batch {index} is missing")
+            bodies.append(body)
+            self._staged[key] = None
+        return bodies
+
+    def commit(self) -> None:
+        for key, body in self._staged.items():
+            self._writes.set(self._table, key, body)
+        self._staged.clear()
+
+    def discard(self) -> None:
+        self._staged.clear()
+
+
 def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
-    """Declare the session table, the agent and its timers on ``app``."""
+    """Declare the tables, the agent and its timers on ``app``."""
     settings = app.settings
     limits = Limits(
         threshold=settings.threshold,
         max_actions_per_batch=settings.max_actions_per_batch,
         debounce_ms=settings.debounce_ms,
         debounce_max_ms=settings.debounce_max_ms,
+        max_pending_bytes=MESSAGE_MAX_BYTES // 2,
     )
     sessions = session_table(app, "sessions")
+    writes = WriteBehind(app, on_error=app.crash_on_lane_error)
+    store = _TableBatches(batch_table(app, "batches"), writes)
     # Counted at scrape time, only on this worker's partitions (see OwnedKeys).
     metrics.ACTIVE_SESSIONS.set_function(OwnedKeys(app, sessions, topics.actions))
     dead_letters = DeadLetterWriter(topics.dead_letters, stage="accumulate")
-    out_topics = {"context": topics.context, "summarize": topics.summarize}
-    # The agent and the timers both read-modify-write session entries, with
-    # awaits in between; one lock keeps those updates from interleaving.
+    out_topics = {
+        "context": topics.context.get_topic_name(),
+        "summarize": topics.summarize.get_topic_name(),
+    }
+    # The agent and the timers both read-modify-write session entries and emit
+    # in between; one lock keeps a session's emissions and updates in order.
     state_lock = asyncio.Lock()
     debouncing: set[str] = set()
 
     def load(session_id: str) -> SessionState | None:
-        return _decoded(sessions.get(session_id))
+        return _decoded(writes.get(sessions, session_id))
+
+    def save(session_id: str, raw: bytes | None) -> None:
+        writes.set(sessions, session_id, raw)
 
     async def emit(emissions: Iterable[tuple[str, Emission]]) -> None:
-        """Produce in order and wait until the broker acknowledged every message."""
-        futures = [await out_topics[e.topic].send(key=sid, value=e.value) for sid, e in emissions]
-        await asyncio.gather(*futures)
+        """Produce in order; ``writes.seal()`` makes the table writes wait for the acks."""
+        for sid, e in emissions:
+            await writes.send(out_topics[e.topic], sid, e.value)
 
-    async def apply_events(events: list[faust.EventT]) -> None:
-        states: dict[str, SessionState | None] = {}
-        encoded: dict[str, bytes | None] = {}  # each session's last accepted state, as stored
-        changed: set[str] = set()
+    async def apply_events(stream: Any, events: list[faust.EventT]) -> None:
         emissions: list[tuple[str, Emission]] = []
         now = time.time()
         for event in events:
+            writes.track(stream, event)
             message = event.message
             try:
                 payload = decode(ActionsPayload, message.value)
@@ -108,44 +159,42 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
                 await dead_letters.write(message, exc.reason)
                 continue
             sid = payload.session_id
-            if sid not in states:
-                encoded[sid] = sessions.get(sid)
-                states[sid] = _decoded(encoded[sid])
-            if already_applied(states[sid], message.offset):
+            state = load(sid)
+            if already_applied(state, message.offset):
                 metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
                 continue
-            state, out = apply_payload(states[sid], payload, message.offset, limits, now)
+            state, out = apply_payload(state, payload, message.offset, limits, now, store=store)
             raw = state.to_bytes()
             if too_large := _oversized(raw, out):
-                # Fix (found by tests/test_reliability.py): a payload whose operation,
-                # summarize request or state entry exceeds what the broker takes used
-                # to make the send raise, crashing the agent and losing the rest of
-                # the batch (take_events acks it anyway). Dead-letter it instead and
-                # keep the session's state from before it (apply_payload mutated it).
+                # Fix (found by tests/test_reliability.py): a payload whose operation or
+                # state entry exceeds what the broker takes used to make the send raise,
+                # crashing the agent. Dead-letter it instead; nothing of it was stored
+                # (its batch writes were only staged) and the session's state stays.
+                store.discard()
                 await dead_letters.write(message, too_large)
-                states[sid] = _decoded(encoded[sid])
                 continue
-            states[sid], encoded[sid] = state, raw
-            changed.add(sid)
+            store.commit()
+            save(sid, raw)
             emissions.extend((sid, e) for e in out)
             metrics.ACTIONS_IN.inc(len(payload.actions))
             if state.debounce:
                 debouncing.add(sid)
         await emit(emissions)
-        for sid in changed:
-            sessions[sid] = encoded[sid]
+        await writes.seal()
 
     @app.agent(topics.actions, name="accumulate")
     async def accumulate(stream: faust.StreamT[bytes]) -> None:
-        async for events in cast(faust.Stream[bytes], stream).take_events(
+        async for events in cast(faust.Stream[bytes], stream).noack_take(
             BATCH_MAX, within=BATCH_WITHIN_S
         ):
             async with state_lock:
-                await apply_events(list(events))
+                await apply_events(stream, cast(list[faust.EventT], events))
 
     async def close_session(sid: str, state: SessionState, now: float) -> None:
-        await emit((sid, e) for e in close_idle(state, limits, now))
-        sessions.pop(sid, None)
+        await emit((sid, e) for e in close_idle(state, sid, limits, now, store))
+        store.commit()
+        save(sid, None)
+        await writes.seal()
         debouncing.discard(sid)
         metrics.SESSIONS_EXPIRED.inc()
         log.info("session %s idle for %.0fs: closed and expired", sid, now - state.last_seen)
@@ -182,8 +231,10 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
                         debouncing.discard(sid)
                         continue
                     if debounce_due(state, limits, now):
-                        await emit((sid, e) for e in flush_debounce(state, limits, now))
-                        sessions[sid] = state.to_bytes()
+                        await emit((sid, e) for e in flush_debounce(state, limits, now, store))
+                        store.commit()
+                        save(sid, state.to_bytes())
+                        await writes.seal()
                         debouncing.discard(sid)
 
     return sessions

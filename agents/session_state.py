@@ -1,22 +1,56 @@
 """Per-session accumulator state and its pure transitions (no Kafka here).
 
-One table entry per session holds the sequence counter, the last input offset
-applied (so replays after a crash are skipped), the batches not yet sent for
-summarising, and the debounce buffer. Batches are stored as the JSON dicts they
-will be re-emitted as, so the hot path never re-validates them.
+One small table entry per session holds the sequence counter, the last input
+offset applied (so replays after a crash are skipped), the range of batch
+indexes not yet sent for summarising, and the debounce buffer. The batches
+themselves live in a :class:`BatchStore` under (session, index), written once
+each: a payload costs its own bytes in the changelog, not the whole buffer
+again (O(1) per action, not O(K)). They are stored as the JSON they are
+re-emitted as, so the hot path never re-validates them.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from schemas import ActionsPayload
 
-__all__ = ["Emission", "SessionState", "apply_payload", "close_idle", "flush_debounce"]
+__all__ = [
+    "BatchStore",
+    "Emission",
+    "MemoryBatchStore",
+    "SessionState",
+    "apply_payload",
+    "close_idle",
+    "flush_debounce",
+]
+
+
+class BatchStore(Protocol):
+    """Where un-summarised batches wait, by (session, batch index)."""
+
+    def put(self, session_id: str, index: int, body: bytes) -> None: ...
+
+    def take(self, session_id: str, first: int, end: int) -> list[bytes]:
+        """Return the batches ``first .. end - 1`` and forget them."""
+        ...
+
+
+class MemoryBatchStore:
+    """A :class:`BatchStore` in a dict (tests, tools)."""
+
+    def __init__(self) -> None:
+        self.batches: dict[tuple[str, int], bytes] = {}
+
+    def put(self, session_id: str, index: int, body: bytes) -> None:
+        self.batches[(session_id, index)] = body
+
+    def take(self, session_id: str, first: int, end: int) -> list[bytes]:
+        return [self.batches.pop((session_id, i)) for i in range(first, end)]
 
 
 @dataclass
@@ -27,8 +61,10 @@ class SessionState:
     next_seq: int = 1
     last_offset: int = -1
     summarized_to: int = 0
-    pending: list[dict[str, Any]] = field(default_factory=list)  # {seq_from, seq_to, payload}
+    first_batch: int = 0  # pending batches are first_batch .. next_batch - 1 in the store
+    next_batch: int = 0
     pending_actions: int = 0
+    pending_bytes: int = 0
     debounce: list[dict[str, Any]] = field(default_factory=list)  # payload dicts
     debounce_first: float = 0.0
     debounce_last: float = 0.0
@@ -40,6 +76,10 @@ class SessionState:
     @classmethod
     def from_bytes(cls, raw: bytes) -> SessionState:
         return cls(**orjson.loads(raw))
+
+    @property
+    def pending_batches(self) -> int:
+        return self.next_batch - self.first_batch
 
 
 @dataclass(frozen=True)
@@ -56,6 +96,9 @@ class Limits:
     max_actions_per_batch: int
     debounce_ms: int = 0
     debounce_max_ms: int = 2000
+    # A summary is requested early, before K actions, when the pending batches
+    # would exceed this: one summarize request must fit in a broker message.
+    max_pending_bytes: int = 512 * 1024
 
 
 def _chunks(payload: ActionsPayload, size: int) -> list[ActionsPayload]:
@@ -74,17 +117,19 @@ def _chunks(payload: ActionsPayload, size: int) -> list[ActionsPayload]:
 
 
 def _write_batch(
-    state: SessionState, payload: ActionsPayload, limits: Limits, now: float
+    state: SessionState, payload: ActionsPayload, limits: Limits, now: float, store: BatchStore
 ) -> list[Emission]:
     """Assign sequence numbers to one batch, emit it, and cross the threshold if due."""
     out: list[Emission] = []
     for chunk in _chunks(payload, limits.max_actions_per_batch):
+        body = orjson.dumps(chunk.model_dump(mode="json"))
+        if state.pending_batches and state.pending_bytes + len(body) > limits.max_pending_bytes:
+            out.append(_summarize_request(state, chunk.session_id, now, store, final=False))
         seq_from = state.next_seq
         seq_to = seq_from + len(chunk.actions) - 1
         state.next_seq = seq_to + 1
         if chunk.conversation_id:
             state.conversation_id = chunk.conversation_id
-        body = chunk.model_dump(mode="json")
         out.append(
             Emission(
                 "context",
@@ -98,43 +143,52 @@ def _write_batch(
                         "seq_from": seq_from,
                         "seq_to": seq_to,
                         "text": chunk.to_text(),
-                        "payload": body,
+                        "payload": orjson.Fragment(body),
                         "emitted_at": now,
                     }
                 ),
             )
         )
-        state.pending.append({"seq_from": seq_from, "seq_to": seq_to, "payload": body})
+        store.put(chunk.session_id, state.next_batch, body)
+        state.next_batch += 1
         state.pending_actions += len(chunk.actions)
+        state.pending_bytes += len(body)
         if state.pending_actions >= limits.threshold:
-            out.append(_summarize_request(state, now, final=False))
+            out.append(_summarize_request(state, chunk.session_id, now, store, final=False))
     return out
 
 
-def _summarize_request(state: SessionState, now: float, *, final: bool) -> Emission:
+def _summarize_request(
+    state: SessionState, session_id: str, now: float, store: BatchStore, *, final: bool
+) -> Emission:
+    """Everything after the last summary, sent for summarising (and dropped from the store)."""
+    batches = store.take(session_id, state.first_batch, state.next_batch)
     request = {
-        "session_id": state.pending[0]["payload"]["session_id"],
+        "session_id": session_id,
         "product_id": state.product_id,
         "generation": state.generation,
-        "seq_from": state.pending[0]["seq_from"],
-        "seq_to": state.pending[-1]["seq_to"],
-        "batches": [b["payload"] for b in state.pending],
+        "seq_from": state.summarized_to + 1,
+        "seq_to": state.next_seq - 1,
+        "batches": [orjson.Fragment(b) for b in batches],
         "final": final,
         "created_at": now,
     }
-    state.summarized_to = state.pending[-1]["seq_to"]
-    state.pending = []
+    state.summarized_to = state.next_seq - 1
+    state.first_batch = state.next_batch
     state.pending_actions = 0
+    state.pending_bytes = 0
     return Emission("summarize", orjson.dumps(request))
 
 
-def flush_debounce(state: SessionState, limits: Limits, now: float) -> list[Emission]:
+def flush_debounce(
+    state: SessionState, limits: Limits, now: float, store: BatchStore
+) -> list[Emission]:
     """Merge the debounced payloads (SDK ``merge()`` semantics) and write them as one batch."""
     if not state.debounce:
         return []
     payloads = [ActionsPayload.model_validate(p) for p in state.debounce]
     state.debounce = []
-    return _write_batch(state, ActionsPayload.merge(payloads), limits, now)
+    return _write_batch(state, ActionsPayload.merge(payloads), limits, now, store)
 
 
 def debounce_due(state: SessionState, limits: Limits, now: float) -> bool:
@@ -151,6 +205,8 @@ def apply_payload(
     offset: int,
     limits: Limits,
     now: float | None = None,
+    *,
+    store: BatchStore,
 ) -> tuple[SessionState, list[Emission]]:
     """Apply one consumed payload. Returns the new state and what to emit.
 
@@ -167,8 +223,8 @@ def apply_payload(
     if not payload.actions:
         return state, []  # nothing to show an agent; the offset is still recorded
     if limits.debounce_ms <= 0:
-        return state, _write_batch(state, payload, limits, now)
-    out = flush_debounce(state, limits, now) if debounce_due(state, limits, now) else []
+        return state, _write_batch(state, payload, limits, now, store)
+    out = flush_debounce(state, limits, now, store) if debounce_due(state, limits, now) else []
     if not state.debounce:
         state.debounce_first = now
     state.debounce.append(payload.model_dump(mode="json"))
@@ -180,9 +236,11 @@ def already_applied(state: SessionState | None, offset: int) -> bool:
     return state is not None and offset <= state.last_offset
 
 
-def close_idle(state: SessionState, limits: Limits, now: float) -> list[Emission]:
+def close_idle(
+    state: SessionState, session_id: str, limits: Limits, now: float, store: BatchStore
+) -> list[Emission]:
     """The session went idle: write what is debounced and summarise what is left."""
-    out = flush_debounce(state, limits, now)
-    if state.pending:
-        out.append(_summarize_request(state, now, final=True))
+    out = flush_debounce(state, limits, now, store)
+    if state.pending_batches:
+        out.append(_summarize_request(state, session_id, now, store, final=True))
     return out

@@ -9,6 +9,7 @@ acknowledged.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,8 +27,9 @@ from tenacity import (
 
 from schemas import ActionsWritten, InvalidMessage, SessionLink, context_operation_adapter, decode
 from sinks.base import ContextSink, LinkAwareSink, Operation, PermanentSinkError
-from sinks.context import SessionContext, Skip
-from streams import metrics
+from sinks.context import Skip
+from sinks.context_store import ContextStore, Written
+from streams import changelog, metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes
@@ -38,6 +40,7 @@ __all__ = ["register"]
 
 log = logging.getLogger(__name__)
 
+FIRST_RETRY_DELAY_S = 0.2
 RETRY_MAX_WAIT_S = 30.0
 
 # (an ``InOrderAcks`` ticket for the event, the decoded message)
@@ -58,11 +61,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
     contexts = session_table(app, "contexts")
     dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
 
-    def load(session_id: str) -> SessionContext:
-        raw = contexts.get(session_id)
-        return (
-            SessionContext(session_id=session_id) if raw is None else SessionContext.from_bytes(raw)
-        )
+    store = ContextStore(app, contexts)
 
     def log_retry(state: RetryCallState) -> None:
         metrics.SINK_RETRIES.labels(sink.name).inc()
@@ -78,6 +77,15 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
 
     async def deliver(call: Callable[[], Awaitable[None]]) -> None:
         """Retry until the destination takes it; order is kept because the lane waits."""
+        try:
+            await call()  # the common case, without the retry machinery's cost per call
+            return
+        except PermanentSinkError:
+            raise
+        except Exception as exc:
+            log.warning("sink %s: %s: %s; retrying", sink.name, type(exc).__name__, exc)
+            metrics.SINK_RETRIES.labels(sink.name).inc()
+            await asyncio.sleep(FIRST_RETRY_DELAY_S)  # a backoff: the loop starts with an attempt
         async for attempt in AsyncRetrying(
             retry=retry_if_not_exception_type(PermanentSinkError),
             wait=wait_exponential_jitter(initial=0.2, max=RETRY_MAX_WAIT_S),
@@ -87,19 +95,20 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             with attempt:
                 await call()
 
-    async def apply_operation(session_id: str, event: faust.EventT, op: Operation) -> None:
+    async def apply_operation(session_id: str, event: faust.EventT, op: Operation) -> Written:
+        before = store.load(session_id)
         try:
-            context = load(session_id).advanced(op)
+            context = before.advanced(op)
         except Skip:
             metrics.REPLAYS_SKIPPED.labels(f"sink-{sink.name}").inc()
-            return
+            return []
         outcome = "applied"
         try:
             await deliver(lambda: sink.apply(op, context))
         except PermanentSinkError as exc:
             outcome = "refused"
             await dead_letters.write(event.message, f"{sink.name} refused {op.op}: {exc}")
-        contexts[session_id] = context.to_bytes()
+        written = await store.save(before, context)
         metrics.SINK_OPERATIONS.labels(sink.name, op.op, outcome).inc()
         metrics.END_TO_END.labels(sink.name).observe(max(time.time() - op.emitted_at, 0.0))
         if outcome == "applied" and isinstance(op, ActionsWritten) and op.payload.actions:
@@ -108,27 +117,32 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
                 metrics.ACTION_AGE_AT_SINK.labels(sink.name).observe(
                     max(time.time() - acted_at, 0.0)
                 )
+        return written
 
-    async def apply_link(session_id: str, event: faust.EventT, link: SessionLink) -> None:
+    async def apply_link(session_id: str, event: faust.EventT, link: SessionLink) -> Written:
         assert isinstance(sink, LinkAwareSink)
-        context = load(session_id)
+        before = store.load(session_id)
+        context = before.model_copy(deep=True)  # the sink may change its ``extra``
         try:
             await deliver(lambda: sink.link(session_id, link.conversation_id, context))
         except PermanentSinkError as exc:
             await dead_letters.write(event.message, f"{sink.name} refused link: {exc}")
-        contexts[session_id] = context.to_bytes()
+        return await store.save(before, context)
 
     acks = InOrderAcks()  # lanes finish out of order; Faust must see acks in offset order
 
     async def handle(session_id: str, item: LaneItem) -> None:
         tracked, message = item
         if isinstance(message, SessionLink):
-            await apply_link(session_id, tracked.event, message)
+            written = await apply_link(session_id, tracked.event, message)
         else:
-            await apply_operation(session_id, tracked.event, message)
-        await acks.done(tracked)  # only now may Faust commit past this offset
+            written = await apply_operation(session_id, tracked.event, message)
+        await changelog.confirm(written)  # the context is durable ...
+        await acks.done(tracked)  # ... only now may Faust commit past this offset
 
-    lanes: Lanes[LaneItem] = Lanes(handle, max_pending=settings.max_in_flight_requests)
+    lanes: Lanes[LaneItem] = Lanes(
+        handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
+    )
 
     async def consume(stream: faust.StreamT[bytes], decode: Callable[[bytes | None], Any]) -> None:
         manual = cast(faust.Stream[bytes], stream).noack()
@@ -156,10 +170,9 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
     @app.table_route(table=contexts, match_info="session_id")
     async def session_context(web: View, request: Request, session_id: str) -> Response:
         """The pull view: like the SDK's ContextStore, without summarised actions twice."""
-        raw = contexts.get(session_id)
-        if raw is None:
+        if contexts.get(session_id) is None:
             return web.json({"error": f"no context for session {session_id!r}"}, status=404)
-        context = SessionContext.from_bytes(raw)
+        context = store.load(session_id)
         return web.json(
             {
                 "session_id": session_id,

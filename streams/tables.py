@@ -15,7 +15,19 @@ from aiokafka.partitioner import murmur2
 
 from streams.app import ContextApp
 
-__all__ = ["owned_partitions", "session_table"]
+__all__ = ["batch_key", "batch_table", "owned_partitions", "session_of", "session_table"]
+
+# Between the session id and the index in a compound key. The index (digits)
+# comes last, so splitting at the last separator is right whatever the id holds.
+KEY_SEPARATOR = "\x1f"
+
+
+def batch_key(session_id: str, index: int) -> str:
+    return f"{session_id}{KEY_SEPARATOR}{index}"
+
+
+def session_of(key: str) -> str:
+    return key.rsplit(KEY_SEPARATOR, 1)[0]
 
 
 class _RawTable(faust.Table):
@@ -52,8 +64,26 @@ class _RawTable(faust.Table):
         return (murmur2(raw) & 0x7FFFFFFF) % int(self.partitions or self.app.conf.topic_partitions)
 
 
+class _SessionKeyedTable(_RawTable):
+    """Compound keys (``batch_key``) on the partition of their session, so each
+    worker holds (and recovers) exactly the entries of the sessions it owns."""
+
+    def partition_for_key(self, key: Any) -> int:
+        return super().partition_for_key(session_of(key))
+
+
 def session_table(app: ContextApp, name: str) -> faust.Table:
-    table = _RawTable(
+    """A table keyed by session id, raw bytes values."""
+    return _declare(app, _RawTable, name)
+
+
+def batch_table(app: ContextApp, name: str) -> faust.Table:
+    """A table keyed by ``batch_key(session_id, n)``, on the session's partition."""
+    return _declare(app, _SessionKeyedTable, name)
+
+
+def _declare(app: ContextApp, cls: type[_RawTable], name: str) -> faust.Table:
+    table = cls(
         app,
         name=name,
         default=None,

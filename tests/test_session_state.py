@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 
 from agents.session_state import (
     Limits,
+    MemoryBatchStore,
     SessionState,
     already_applied,
     apply_payload,
@@ -38,51 +41,63 @@ def decode_all(emissions):  # type: ignore[no-untyped-def]
 
 
 def test_sequence_numbers_are_contiguous_and_threshold_counts_actions() -> None:
+    store = MemoryBatchStore()
     limits = Limits(threshold=5, max_actions_per_batch=100)
-    state, out = apply_payload(None, payload(3), offset=10, limits=limits, now=1.0)
+    state, out = apply_payload(None, payload(3), offset=10, limits=limits, now=1.0, store=store)
     first = decode_all(out)
     assert [(o.seq_from, o.seq_to) for o in first] == [(1, 3)]
-    state, out = apply_payload(state, payload(4, start=3), offset=11, limits=limits, now=2.0)
+    state, out = apply_payload(
+        state, payload(4, start=3), offset=11, limits=limits, now=2.0, store=store
+    )
     written, request = decode_all(out)
     assert (written.seq_from, written.seq_to) == (4, 7)
     assert isinstance(request, SummarizeRequest)
     assert (request.seq_from, request.seq_to, request.action_count) == (1, 7, 7)
     assert [len(b.actions) for b in request.batches] == [3, 4]
-    assert state.pending == [] and state.summarized_to == 7 and state.generation == 10
+    assert (
+        state.pending_batches == 0
+        and not store.batches
+        and state.summarized_to == 7
+        and state.generation == 10
+    )
 
 
 def test_a_replayed_offset_is_recognised() -> None:
+    store = MemoryBatchStore()
     limits = Limits(threshold=5, max_actions_per_batch=100)
-    state, _ = apply_payload(None, payload(1), offset=7, limits=limits, now=1.0)
+    state, _ = apply_payload(None, payload(1), offset=7, limits=limits, now=1.0, store=store)
     assert already_applied(state, 7) and already_applied(state, 3)
     assert not already_applied(state, 8) and not already_applied(None, 0)
 
 
 def test_state_survives_its_table_encoding() -> None:
+    store = MemoryBatchStore()
     limits = Limits(threshold=50, max_actions_per_batch=100)
-    state, _ = apply_payload(None, payload(2), offset=1, limits=limits, now=1.0)
+    state, _ = apply_payload(None, payload(2), offset=1, limits=limits, now=1.0, store=store)
     assert SessionState.from_bytes(state.to_bytes()) == state
 
 
 def test_oversized_batches_are_split_and_never_exceed_the_cap() -> None:
+    store = MemoryBatchStore()
     limits = Limits(threshold=1000, max_actions_per_batch=4)
-    _, out = apply_payload(None, payload(10), offset=1, limits=limits, now=1.0)
+    _, out = apply_payload(None, payload(10), offset=1, limits=limits, now=1.0, store=store)
     ranges = [(o.seq_from, o.seq_to) for o in decode_all(out)]
     assert ranges == [(1, 4), (5, 8), (9, 10)]
 
 
 def test_debounce_merges_with_sdk_semantics_and_flushes_on_max_wait() -> None:
+    store = MemoryBatchStore()
     limits = Limits(threshold=100, max_actions_per_batch=100, debounce_ms=200, debounce_max_ms=500)
-    state, out = apply_payload(None, payload(2), offset=1, limits=limits, now=0.0)
+    state, out = apply_payload(None, payload(2), offset=1, limits=limits, now=0.0, store=store)
     assert out == []
     for i, t in enumerate((0.1, 0.2, 0.3, 0.4)):  # steady traffic: never 200 ms quiet
         state, out = apply_payload(
-            state, payload(1, start=2 + i), offset=2 + i, limits=limits, now=t
+            state, payload(1, start=2 + i), offset=2 + i, limits=limits, now=t, store=store
         )
         assert out == []
     assert not debounce_due(state, limits, now=0.45)
     assert debounce_due(state, limits, now=0.5)  # the max wait flushes anyway
-    (merged,) = decode_all(flush_debounce(state, limits, now=0.5))
+    (merged,) = decode_all(flush_debounce(state, limits, 0.5, store))
     assert (merged.seq_from, merged.seq_to) == (1, 6)
     assert [a.index for a in merged.payload.actions] == [
         0,
@@ -95,8 +110,41 @@ def test_debounce_merges_with_sdk_semantics_and_flushes_on_max_wait() -> None:
 
 
 def test_idle_close_summarises_what_is_pending() -> None:
+    store = MemoryBatchStore()
     limits = Limits(threshold=10, max_actions_per_batch=100)
-    state, _ = apply_payload(None, payload(3), offset=5, limits=limits, now=0.0)
-    (request,) = decode_all(close_idle(state, limits, now=400.0))
+    state, _ = apply_payload(None, payload(3), offset=5, limits=limits, now=0.0, store=store)
+    (request,) = decode_all(close_idle(state, "s1", limits, 400.0, store))
     assert request.final and (request.seq_from, request.seq_to) == (1, 3)
-    assert close_idle(state, limits, now=401.0) == []
+    assert close_idle(state, "s1", limits, 401.0, store) == []
+
+
+def test_changelog_bytes_per_payload_do_not_grow_with_the_pending_batches() -> None:
+    """O(1) per action: the session entry stays the same size as batches pile up."""
+    store = MemoryBatchStore()
+    limits = Limits(threshold=1000, max_actions_per_batch=100)
+    state, _ = apply_payload(None, payload(2), offset=0, limits=limits, now=0.0, store=store)
+    first = len(state.to_bytes())
+    for n in range(1, 200):
+        state, _ = apply_payload(
+            state, payload(2, start=2 * n), offset=n, limits=limits, now=0.0, store=store
+        )
+    assert state.pending_batches == 200 and len(store.batches) == 200
+    assert len(state.to_bytes()) <= first + 16  # a few more digits in the counters
+
+
+def test_a_summary_is_requested_early_when_pending_batches_would_not_fit_a_message() -> None:
+    store = MemoryBatchStore()
+    limits = Limits(threshold=1000, max_actions_per_batch=100, max_pending_bytes=2000)
+    state, emitted = None, []
+    for n in range(20):
+        state, out = apply_payload(
+            state, payload(3, start=3 * n), offset=n, limits=limits, now=0.0, store=store
+        )
+        emitted += decode_all(out)
+    requests = [o for o in emitted if isinstance(o, SummarizeRequest)]
+    assert requests, "no early summary although the pending batches outgrew the budget"
+    assert all(len(r.model_dump_json()) < 2000 + 1000 for r in requests)
+    covered = [(r.seq_from, r.seq_to) for r in requests]
+    assert covered[0][0] == 1
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(covered))
+    assert state is not None and state.summarized_to == covered[-1][1]

@@ -1,0 +1,69 @@
+"""Sink contexts in a table, with O(1) changelog bytes per operation.
+
+A session's context is kept as a header (everything but the raw batches: the
+summary, high-water marks, the sink's ``extra``) under the session id, and each
+raw batch under ``batch_key(session, seq_from)``. Saving writes only what an
+operation changed: a new batch and the header, or the header and tombstones
+for the batches a summary now covers; the window is never rewritten whole.
+Records go straight to the changelog (``streams.changelog``); the caller
+confirms them before it acknowledges the operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+import faust
+import orjson
+from faust.types import TableT
+
+from sinks.context import Batch, SessionContext
+from streams import changelog
+from streams.tables import batch_key
+
+__all__ = ["ContextStore", "Written"]
+
+Written = list[tuple[TableT[str, bytes], Awaitable[Any]]]
+
+
+class ContextStore:
+    def __init__(self, app: faust.App, table: TableT[str, bytes]) -> None:
+        self._app, self._table = app, table
+
+    def load(self, session_id: str) -> SessionContext:
+        raw = self._table.get(session_id)
+        if raw is None:
+            return SessionContext(session_id=session_id)
+        header = orjson.loads(raw)
+        seq = header.pop("first_batch", 0)
+        batches = []
+        while seq and seq <= header["actions_to"]:
+            stored = self._table.get(batch_key(session_id, seq))
+            if stored is None:  # never written by save(); stop rather than guess
+                break
+            batch = Batch.model_construct(**orjson.loads(stored))  # written by save() below
+            batches.append(batch)
+            seq = batch.seq_to + 1
+        return SessionContext.model_construct(**header, batches=batches)
+
+    async def save(self, before: SessionContext, after: SessionContext) -> Written:
+        """Write the difference from ``before`` to ``after``: deletions, new batches, header."""
+        sid = after.session_id
+        same_generation = before.generation == after.generation
+        kept = {b.seq_from for b in after.batches} if same_generation else set()
+        had = {b.seq_from for b in before.batches}
+        written: Written = []
+
+        async def put(key: str, value: bytes | None) -> None:
+            written.append((self._table, await changelog.write(self._app, self._table, key, value)))
+
+        for seq in sorted(had - kept):
+            await put(batch_key(sid, seq), None)
+        for batch in after.batches:
+            if batch.seq_from not in had or not same_generation:
+                await put(batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__))
+        header = {k: v for k, v in after.__dict__.items() if k != "batches"}
+        header["first_batch"] = after.batches[0].seq_from if after.batches else 0
+        await put(sid, orjson.dumps(header))
+        return written

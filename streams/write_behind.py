@@ -1,0 +1,146 @@
+"""Table writes that wait for the messages they account for, without stalling the stream.
+
+An agent that emits messages and records in a table that it did (the input
+offset it applied, the sequence numbers it used) must not let the table entry
+become durable before the messages are: after a crash the entry would say
+"done" for output that never reached the broker. The simple way, awaiting the
+broker's acknowledgement before every table write, stalls the agent for a
+round trip per batch. Here the agent goes on with the next batch at once:
+
+- reads see the newest value (an overlay holds writes not yet applied);
+- each sealed unit (messages, table writes, input events to acknowledge) is
+  completed in order, in two pipelined stages: when the broker has acknowledged
+  its messages, its table writes are applied and sent to the changelog; when
+  the broker has those too, its input events are acknowledged (so the commit
+  never passes them first).
+
+Table writes go straight to the changelog (``streams.changelog``).
+
+A crash anywhere replays the unacknowledged input against the last applied
+table state, which re-emits the same sequence numbers; consumers skip them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import faust
+from faust.types import TableT
+
+from streams import changelog
+
+__all__ = ["WriteBehind"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Unit:
+    acks: list[Awaitable[Any]] = field(default_factory=list)  # broker acknowledgements
+    writes: list[tuple[TableT[str, bytes], str, bytes | None, int]] = field(default_factory=list)
+    events: list[tuple[Any, faust.EventT]] = field(default_factory=list)  # (stream, event)
+    changelog: list[tuple[TableT[str, bytes], Awaitable[Any]]] = field(default_factory=list)
+
+
+class WriteBehind:
+    """Ordered, pipelined "emit, then record" for one agent's tables.
+
+    ``max_units`` bounds how many sealed units may wait for the broker: sealing
+    one more waits for room, which back-pressures the stream.
+    """
+
+    def __init__(
+        self,
+        app: faust.App,
+        *,
+        max_units: int = 32,
+        on_error: Callable[[str, BaseException], Awaitable[None]],
+    ) -> None:
+        self._app = app
+        self._on_error = on_error
+        self._overlay: dict[tuple[int, str], tuple[bytes | None, int]] = {}
+        self._version = 0
+        self._unit = _Unit()
+        self._queue: asyncio.Queue[_Unit] = asyncio.Queue(maxsize=max_units)
+        self._recorded: asyncio.Queue[_Unit] = asyncio.Queue(maxsize=max_units)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def get(self, table: TableT[str, bytes], key: str) -> bytes | None:
+        hit = self._overlay.get((id(table), key))
+        if hit is not None:
+            return hit[0]
+        return table.get(key)
+
+    def set(self, table: TableT[str, bytes], key: str, value: bytes | None) -> None:
+        """Record a write (``None`` deletes); visible to ``get`` at once, applied on completion."""
+        self._version += 1
+        self._overlay[(id(table), key)] = (value, self._version)
+        self._unit.writes.append((table, key, value, self._version))
+
+    async def send(self, topic: str, key: str, value: bytes) -> None:
+        """Produce through the app's producer; the unit completes when the broker has it."""
+        ack = await self._app.producer.send(topic, key.encode(), value, None, None, None)
+        self._unit.acks.append(ack)
+
+    def track(self, stream: Any, event: faust.EventT) -> None:
+        """Acknowledge ``event`` when the current unit completes."""
+        self._unit.events.append((stream, event))
+
+    @property
+    def in_flight(self) -> int:
+        return self._queue.qsize()
+
+    async def seal(self) -> None:
+        """End the current unit: its writes and acks happen after its messages are acked."""
+        unit, self._unit = self._unit, _Unit()
+        if not (unit.acks or unit.writes or unit.events):
+            return
+        if not self._tasks or any(t.done() for t in self._tasks):
+            self._tasks = [
+                asyncio.create_task(self._stage(self._queue, self._record), name="wb-record"),
+                asyncio.create_task(self._stage(self._recorded, self._acknowledge), name="wb-ack"),
+            ]
+        await self._queue.put(unit)
+
+    async def flush(self) -> None:
+        """Wait until every sealed unit is complete."""
+        await self.seal()
+        await self._queue.join()
+        await self._recorded.join()
+
+    async def _stage(
+        self, queue: asyncio.Queue[_Unit], step: Callable[[_Unit], Awaitable[None]]
+    ) -> None:
+        while True:
+            unit = await queue.get()
+            try:
+                await step(unit)
+            except Exception as exc:
+                # Messages or changelog records not acknowledged: nothing of this
+                # unit or after it may be recorded or committed. Stop the worker;
+                # the unacknowledged input is replayed on restart.
+                await self._on_error("write-behind", exc)
+                return
+            finally:
+                queue.task_done()
+
+    async def _record(self, unit: _Unit) -> None:
+        """Stage 1: the unit's messages are in; apply its table writes and log them."""
+        if unit.acks:
+            await asyncio.gather(*unit.acks)
+        for table, key, value, version in unit.writes:
+            unit.changelog.append((table, await changelog.write(self._app, table, key, value)))
+            slot = (id(table), key)
+            if self._overlay.get(slot, (None, -1))[1] == version:
+                del self._overlay[slot]  # no newer write is waiting: the table is current
+        await self._recorded.put(unit)
+
+    async def _acknowledge(self, unit: _Unit) -> None:
+        """Stage 2: the unit's changelog records are in; acknowledge its input."""
+        await changelog.confirm(unit.changelog)
+        for stream, event in unit.events:
+            await stream.ack(event)
