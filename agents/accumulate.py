@@ -38,7 +38,7 @@ from streams import metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.lag import OwnedKeys
-from streams.tables import batch_key, batch_table, owned_partitions, session_table
+from streams.tables import batch_key, batch_table, owned_items, owned_partitions, session_table
 from streams.topics import MESSAGE_MAX_BYTES, Topics
 from streams.write_behind import WriteBehind
 
@@ -203,10 +203,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
     async def expire_idle_sessions() -> None:
         now = time.time()
         idle = []
-        owned = owned_partitions(app, topics.actions)
-        for sid, raw in list(sessions.items()):
-            if sessions.partition_for_key(sid) not in owned:
-                continue  # a stale entry of a partition another worker owns now
+        async for sid, raw in owned_items(app, sessions, topics.actions):
             state = SessionState.from_bytes(raw)
             if now - state.last_seen >= settings.idle_timeout_s:
                 idle.append(sid)

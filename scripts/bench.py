@@ -124,6 +124,33 @@ async def bench_raw_consumer(
         await consumer.stop()
 
 
+def bench_faust_floor(env: dict[str, str], messages: int, actions: int, port: int) -> float:
+    """(a') a no-op Faust agent over the same topic: Faust's per-message delivery alone."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "faust",
+            "-A",
+            "scripts.bench_floor",
+            "worker",
+            "-l",
+            "info",
+            "--web-port",
+            str(port),
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env, "BENCH_FLOOR_MESSAGES": str(messages)},
+        capture_output=True,
+        timeout=900,
+        check=False,
+    )
+    found = re.search(rb"FLOOR (\d+)", proc.stdout + proc.stderr)
+    if not found:
+        raise SystemExit(f"the Faust floor run failed:\n{proc.stderr.decode()[-2000:]}")
+    return int(found.group(1)) * actions / messages
+
+
 async def bench_sdk(payload_bytes: list[bytes], actions: int, threshold: int) -> float:
     from autoplay_sdk import AsyncSessionSummarizer
     from autoplay_sdk.context.agent_context import AsyncAgentContextWriter
@@ -188,6 +215,11 @@ class Workers:
             out.append(int(match.group(1)) / 1024 if match else float("nan"))
         return out
 
+    def rss_mb(self, index: int = 0) -> float:
+        status = Path(f"/proc/{self.procs[index][0].pid}/status")
+        match = re.search(r"VmRSS:\s+(\d+) kB", status.read_text()) if status.exists() else None
+        return int(match.group(1)) / 1024 if match else float("nan")
+
     def stop(self) -> None:
         for proc, _ in self.procs:
             if proc.poll() is None:
@@ -242,6 +274,24 @@ async def wait_metric(
             WORKERS.check_alive()
         await asyncio.sleep(0.05)
     raise SystemExit(f"\n{label}: stuck at {last} of {target}")
+
+
+async def wait_healthy(client: httpx.AsyncClient, ports: list[int], timeout: float = 120) -> None:
+    """Until every worker's /healthz says it is consuming (assigned, recovered, running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = []
+        for port in ports:
+            try:
+                codes.append((await client.get(f"http://127.0.0.1:{port}/healthz")).status_code)
+            except httpx.HTTPError:
+                codes.append(0)
+        if all(code == 200 for code in codes):
+            return
+        if WORKERS is not None:
+            WORKERS.check_alive()
+        await asyncio.sleep(0.1)
+    raise SystemExit(f"workers not healthy within {timeout:.0f}s")
 
 
 def changelog_bytes(kafka_data: Path, app_id: str) -> int:
@@ -303,7 +353,10 @@ async def bench_pipeline(
         os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / args.bootstrap.rsplit(":", 1)[1])
     )
     cl_bytes = changelog_bytes(kafka_data / "logs", env["AC_APP_ID"])
+    print("(a') a no-op Faust agent over the same topic ...")
+    floor = bench_faust_floor(env, len(payloads), actions, args.port + 5)
     return {
+        "faust_floor_rate": floor,
         "accumulate_rate": actions / (t_accumulated - start),
         "end_to_end_rate": actions / (t_applied - start),
         "rss_pipeline_mb": rss[0],
@@ -332,43 +385,74 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
         partitions=args.partitions,
     )
     await ensure_topics(settings)
-    seconds = args.latency_seconds
-    payloads = workload(int(args.rate * seconds), 500, seed=args.seed + 1, min_batch=1, max_batch=3)
-    batches = len(payloads)
+    seconds, warmup_s = args.latency_seconds, 3.0
+    payloads = workload(
+        int(args.rate * (seconds + warmup_s)), 500, seed=args.seed + 1, min_batch=1, max_batch=3
+    )
+    # The first seconds after start-up (first fetches, metadata, group settling)
+    # are not steady state: histograms are snapshotted after a warm-up and the
+    # figures are the difference.
+    per_second = len(payloads) / (seconds + warmup_s)
+    warmup, measured = (
+        payloads[: int(per_second * warmup_s)],
+        payloads[int(per_second * warmup_s) :],
+    )
     global WORKERS
     workers = WORKERS = Workers(env, run_dir, args.port + 10)
+    sink_port = args.port + 11
     try:
         async with httpx.AsyncClient(timeout=5) as client:
             workers.start("agents.app", "pipeline", args.port + 10)
-            workers.start("sinks.app", "sink-null", args.port + 11, AC_SINK="null")
-            await wait_metric(client, args.port + 11, "ac_sink_operations_total", 0, "sink up")
-            await asyncio.sleep(3)  # let the consumer groups settle before offering load
-            print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
-            await produce(
-                args.bootstrap, settings.topic("actions"), payloads, rate=batches / seconds
-            )
+            workers.start("sinks.app", "sink-null", sink_port, AC_SINK="null")
+            await wait_healthy(client, [args.port + 10, sink_port])
+            topic = settings.topic("actions")
+            print(f"  warm-up: {args.rate:,.0f} actions/s for {warmup_s:.0f}s ...")
+            await produce(args.bootstrap, topic, warmup, rate=per_second)
             await wait_metric(
                 client,
-                args.port + 11,
+                sink_port,
                 "ac_sink_operations_total",
-                batches,
+                len(warmup),
+                "warm-up batches",
+                op="actions_written",
+            )
+            before = await scrape(client, sink_port)
+            print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
+            await produce(args.bootstrap, topic, measured, rate=per_second)
+            await wait_metric(
+                client,
+                sink_port,
+                "ac_sink_operations_total",
+                len(payloads),
                 "batches applied",
                 op="actions_written",
             )
-            text = await scrape(client, args.port + 11)
+            after = await scrape(client, sink_port)
     finally:
         workers.stop()
-    return histogram_quantiles(text, "ac_action_age_at_sink_seconds")
+    latency = histogram_quantiles(after, "ac_action_age_at_sink_seconds", before)
+    sink_part = histogram_quantiles(after, "ac_end_to_end_seconds", before)
+    latency.update(sink_p50_le_s=sink_part["p50_le_s"], sink_p99_le_s=sink_part["p99_le_s"])
+    return latency
 
 
-def histogram_quantiles(text: str, name: str) -> dict[str, float]:
-    buckets: list[tuple[float, float]] = []
+def bucket_counts(text: str, name: str) -> dict[float, float]:
+    counts: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith(f"{name}_bucket"):
             le = re.search(r'le="([^"]+)"', line)
             if le:
-                buckets.append((float(le.group(1)), float(line.rsplit(" ", 1)[1])))
-    buckets.sort()
+                counts[float(le.group(1))] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def histogram_quantiles(text: str, name: str, since: str = "") -> dict[str, float]:
+    """p50/p99 as bucket upper bounds, of the observations made after ``since`` (a scrape)."""
+    earlier = bucket_counts(since, name)
+    buckets = sorted(
+        (bound, count - earlier.get(bound, 0.0))
+        for bound, count in bucket_counts(text, name).items()
+    )
     total = buckets[-1][1] if buckets else 0
 
     def quantile(q: float) -> float:
@@ -426,12 +510,87 @@ async def bench_summarizer(args: argparse.Namespace) -> float:
     return (summaries - 1) / (done - start)
 
 
+MEMORY_MARKS = (0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+async def bench_memory(args: argparse.Namespace) -> dict[str, list[tuple[int, float]]]:
+    """RSS of the pipeline worker as it takes on idle sessions, per table store."""
+    tag = uuid.uuid4().hex[:6]
+    prefix = f"benchmem-{tag}."
+    settings = Settings(
+        kafka_bootstrap_servers=args.bootstrap, topic_prefix=prefix, partitions=args.partitions
+    )
+    await ensure_topics(settings)
+    payloads = workload(
+        args.sessions * 2, args.sessions, seed=args.seed + 3, min_batch=1, max_batch=3
+    )
+    print(f"  producing {len(payloads):,} payloads: {args.sessions:,} sessions of 2 actions ...")
+    await produce(args.bootstrap, settings.topic("actions"), payloads)
+    actions = sum(len(p["actions"]) for p in payloads)
+    results: dict[str, list[tuple[int, float]]] = {}
+    global WORKERS
+    for n, store in enumerate(args.stores.split(",")):
+        run_dir = ROOT / ".bench" / f"mem-{tag}-{n}"
+        run_dir.mkdir(parents=True)
+        env = {
+            "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
+            "AC_APP_ID": f"benchmem-{tag}-{n}",  # its own group and tables, the same input
+            "AC_TOPIC_PREFIX": prefix,
+            "AC_PARTITIONS": str(args.partitions),
+            "AC_DATA_DIR": str(run_dir / "state"),
+            "AC_THRESHOLD": str(args.threshold),
+            "AC_LLM_CALLABLE": "scripts.bench_plugins:instant",
+            "AC_STORE": store,
+            "AC_IDLE_TIMEOUT_S": "86400",  # idle, but kept: the point is holding them
+        }
+        workers = WORKERS = Workers(env, run_dir, args.port + 30)
+        marks: list[tuple[int, float]] = []
+        try:
+            async with httpx.AsyncClient(timeout=5) as client:
+                workers.start("agents.app", "pipeline", args.port + 30)
+                for mark in MEMORY_MARKS:
+                    await wait_metric(
+                        client,
+                        args.port + 30,
+                        "ac_actions_in_total",
+                        int(actions * mark),
+                        f"{store} actions in",
+                    )
+                    marks.append((int(args.sessions * mark), workers.rss_mb()))
+        finally:
+            workers.stop()
+        results[store] = marks
+    return results
+
+
+def print_memory(results: dict[str, list[tuple[int, float]]]) -> None:
+    stores = list(results)
+    print(f"\n{'sessions held':>14} " + " ".join(f"{s + ' RSS MiB':>18}" for s in stores))
+    for i, (sessions, _) in enumerate(results[stores[0]]):
+        print(f"{sessions:>14,} " + " ".join(f"{results[s][i][1]:>18,.0f}" for s in stores))
+    for store, marks in results.items():
+        (s0, r0), (s1, r1) = marks[1], marks[-1]  # from 25%: past start-up allocations
+        print(f"{store}: +{(r1 - r0) / (s1 - s0) * 100_000:,.0f} MiB per 100,000 sessions")
+
+
 async def main_async(args: argparse.Namespace) -> None:
+    if args.mode == "memory":
+        print_memory(await bench_memory(args))
+        return
     if args.mode == "summarizer":
         rate = await bench_summarizer(args)
         print(
             f"summarizer: {rate:,.0f} summaries/s with a 500 ms LLM "
             f"(concurrency {args.llm_concurrency}, 2,000 sessions)"
+        )
+        return
+    if args.mode == "latency":
+        latency = await bench_latency(args)
+        print(
+            f"latency at {args.rate:,.0f} actions/s offered: p50 <= "
+            f"{latency['p50_le_s'] * 1000:.0f} ms, p99 <= {latency['p99_le_s'] * 1000:.0f} ms "
+            f"(of which emitted -> sink: p50 <= {latency['sink_p50_le_s'] * 1000:.0f} ms, "
+            f"p99 <= {latency['sink_p99_le_s'] * 1000:.0f} ms)"
         )
         return
     payloads = workload(
@@ -457,6 +616,10 @@ async def main_async(args: argparse.Namespace) -> None:
     latency = await bench_latency(args)
     print()
     print(f"{'(a) raw aiokafka consumer':<44} {raw_rate:>12,.0f} actions/s")
+    print(
+        f"{chr(40) + 'a' + chr(39) + ') no-op Faust agent (framework floor)':<44} "
+        f"{ours['faust_floor_rate']:>12,.0f} actions/s"
+    )
     print(f"{'(b) in-process SDK (no durability)':<44} {sdk_rate:>12,.0f} actions/s")
     print(
         f"{'(c) pipeline: accumulate (actions in)':<44} {ours['accumulate_rate']:>12,.0f} actions/s"
@@ -467,6 +630,11 @@ async def main_async(args: argparse.Namespace) -> None:
     print(
         f"c/a = {ours['end_to_end_rate'] / raw_rate:.2f}   c/b = {ours['end_to_end_rate'] / sdk_rate:.2f}"
         f"   (accumulate only: c/b = {ours['accumulate_rate'] / sdk_rate:.2f})"
+    )
+    print(
+        f"c/a' = {ours['end_to_end_rate'] / ours['faust_floor_rate']:.2f}   "
+        f"a'/b = {ours['faust_floor_rate'] / sdk_rate:.2f}   "
+        "(what Faust's delivery alone allows against the SDK)"
     )
     print(
         f"latency at {args.rate:,.0f} actions/s offered: p50 <= {latency['p50_le_s'] * 1000:.0f} ms, "
@@ -484,7 +652,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mode", choices=["throughput", "summarizer"], default="throughput")
+    parser.add_argument(
+        "--mode", choices=["throughput", "summarizer", "latency", "memory"], default="throughput"
+    )
     parser.add_argument(
         "--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     )
@@ -494,6 +664,9 @@ def main() -> None:
     parser.add_argument("--threshold", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--store", default="memory://")
+    parser.add_argument(
+        "--stores", default="memory://,rocksdb://", help="--mode memory: the stores to compare"
+    )
     parser.add_argument("--rate", type=float, default=5_000)
     parser.add_argument("--latency-seconds", type=float, default=20)
     parser.add_argument("--llm-concurrency", type=int, default=256)

@@ -8,14 +8,26 @@ per-session tasks, which run outside a stream event, write to tables.
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import faust
 from aiokafka.partitioner import murmur2
+from faust.stores.rocksdb import Store as RocksDBStore
 
 from streams.app import ContextApp
 
-__all__ = ["batch_key", "batch_table", "owned_partitions", "session_of", "session_table"]
+__all__ = [
+    "batch_key",
+    "batch_table",
+    "owned_items",
+    "owned_partitions",
+    "session_of",
+    "session_table",
+]
+
+SCAN_YIELD_EVERY = 500  # entries between yields to the event loop while scanning
 
 # Between the session id and the index in a compound key. The index (digits)
 # comes last, so splitting at the last separator is right whatever the id holds.
@@ -92,8 +104,25 @@ def _declare(app: ContextApp, cls: type[_RawTable], name: str) -> faust.Table:
         value_type=bytes,
         partitions=app.settings.partitions,
         use_partitioner=True,
+        options=_rocksdb_options(app) if app.settings.store.startswith("rocksdb") else None,
     )
     return app.tables.add(table)  # type: ignore[return-value]
+
+
+def _rocksdb_options(app: ContextApp) -> dict[str, int]:
+    """Bounded memory per partition database (one per table and partition).
+
+    Faust's defaults (a 2 GiB block cache and 3 x 64 MiB write buffers per
+    database) let RSS grow with the data across dozens of databases; these keep
+    a worker's memory flat however many sessions it holds.
+    """
+    settings = app.settings
+    return {
+        "write_buffer_size": settings.rocksdb_write_buffer_bytes,
+        "max_write_buffer_number": 2,
+        "block_cache_size": settings.rocksdb_block_cache_bytes,
+        "block_cache_compressed_size": settings.rocksdb_block_cache_bytes,
+    }
 
 
 def owned_partitions(app: faust.App, topic: faust.TopicT) -> set[int]:
@@ -111,3 +140,27 @@ def owned_partitions(app: faust.App, topic: faust.TopicT) -> set[int]:
     except Exception:  # the consumer is not started yet, or being replaced
         return set()
     return {tp.partition for tp in assigned if tp.topic == name}
+
+
+async def owned_items(
+    app: faust.App, table: faust.Table, topic: faust.TopicT
+) -> AsyncIterator[tuple[str, bytes]]:
+    """The entries of ``table`` on partitions of ``topic`` this worker owns, for timers.
+
+    A scan of every session must neither stall the worker (it yields to the
+    event loop every few hundred entries) nor copy the table: a RocksDB store
+    is iterated in place (its iterators read a consistent snapshot while
+    writes go on), so memory stays flat in the number of sessions; the
+    in-memory store, which a concurrent write would invalidate, is iterated
+    over a snapshot of its (already in-memory) entries.
+    """
+    owned = owned_partitions(app, topic)
+    store = cast(Any, table).data
+    entries = store.items() if isinstance(store, RocksDBStore) else list(store.items())
+    for n, (key, value) in enumerate(entries, 1):
+        if n % SCAN_YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+        if isinstance(key, bytes):  # a RocksDB store may hand back raw key bytes
+            key = key.decode("utf-8")
+        if table.partition_for_key(key) in owned:  # else: stale, another worker owns it now
+            yield key, value
