@@ -139,24 +139,67 @@ async def test_rolling_summaries_end_to_end(
             for previous, prompt in zip(summaries, prompts.get(sid, [])[1:], strict=False):
                 assert previous in prompt, f"{sid}: a prompt lacks the previous summary"
 
-        files_dir = Path(pipe.env["AC_FILES_DIR"])
+        await wait_for_context_files(pipe, payloads)
 
-        def files_match() -> list[str]:
-            wrong = []
-            for sid, batches in batches_by_session(payloads).items():
-                summaries = [r for r in by_session[sid] if r["op"] == "summary_ready"]
-                want = expected_context(batches, summaries[-1] if summaries else None)
-                path = context_file(files_dir, sid)
-                if not path.exists() or path.read_text(encoding="utf-8") != want:
-                    wrong.append(sid)
-            return wrong
 
+async def wait_for_context_files(pipe: Pipeline, payloads: list[dict[str, Any]]) -> None:
+    """The files sink holds, per session, the last summary and exactly the batches after it."""
+    files_dir = Path(pipe.env["AC_FILES_DIR"])
+    by_session = pipe.records_by_session()
+
+    def wrong_files() -> list[str]:
+        wrong = []
+        for sid, batches in batches_by_session(payloads).items():
+            summaries = [r for r in by_session[sid] if r["op"] == "summary_ready"]
+            want = expected_context(batches, summaries[-1] if summaries else None)
+            path = context_file(files_dir, sid)
+            if not path.exists() or path.read_text(encoding="utf-8") != want:
+                wrong.append(sid)
+        return wrong
+
+    await wait_for(
+        lambda: not wrong_files(),
+        timeout=120,
+        interval=0.5,
+        message=lambda: f"context files differ for {wrong_files()[:5]}",
+    )
+
+
+async def test_rocksdb_state_survives_kill9_and_restart(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    """With ``AC_STORE=rocksdb://``: the pipeline is SIGKILLed and the sinks stopped
+    mid-stream, all restart on their RocksDB state, and the result is exactly what
+    an uninterrupted run gives (each batch once, contiguous ranges, summaries as due)."""
+    threshold = 8
+    payloads = list(interleaved_payloads(plan_sessions(40, mean_length=30, seed=5), seed=5))
+    half = len(payloads) // 2
+    async with FakeOpenAIServer() as llm:
+        env = llm_env(worker_env, llm, threshold, AC_STORE="rocksdb://")
+        pipe = Pipeline(env, tmp_path, workers)
+
+        def start_all() -> list[Worker]:
+            return [pipe.start_pipeline(), pipe.start_sink("files"), pipe.start_sink(RECORDER)]
+
+        first = start_all()
+        await asyncio.gather(*(w.wait_ready() for w in first))
+        await produce(pipe.env, payloads[:half])
         await wait_for(
-            lambda: not files_match(),
+            lambda: len(pipe.records()) >= half // 2,
             timeout=120,
-            interval=0.5,
-            message=lambda: f"context files differ for {files_match()[:5]}",
+            interval=0.2,
+            message=lambda: f"{len(pipe.records())} operations recorded",
         )
+        first[0].kill()  # the pipeline: no final commit, state only in RocksDB + changelog
+        for sink in first[1:]:
+            sink.stop()
+        second = start_all()
+        await asyncio.gather(*(w.wait_ready() for w in second))
+        await produce(pipe.env, payloads[half:])
+        await wait_until_summarised(pipe, payloads, threshold, timeout=240)
+
+        check_operation_log(pipe, payloads, threshold)
+        await wait_for_context_files(pipe, payloads)
 
 
 async def test_llm_calls_overlap_across_sessions_never_within_one(
