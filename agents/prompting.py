@@ -47,7 +47,12 @@ merging the previous summary with the new actions.
 
 Summary:"""
 
-_FENCE = re.compile(r"</?\s*actions\s*>", re.IGNORECASE)
+# Anything a model could read as the data fence's tag, closed or not: any case,
+# whitespace (newlines too) and slashes between the bracket and the name, ASCII
+# or full-width bracket: ``</actions>``, ``< /actions>``, ``</ACTIONS >``,
+# ``<actions foo="x">``, ``＜/actions＞``. Defanging the opening bracket is enough.
+_FENCE = re.compile(r"[<＜][\s/]*actions\b", re.IGNORECASE)
+_DEFANGED = str.maketrans({"<": "‹", "＜": "‹"})
 
 
 def default_format_actions(payloads: list[ActionsPayload]) -> str:
@@ -75,8 +80,8 @@ def validate_template(template: str) -> None:
 
 
 def _as_data(text: str) -> str:
-    # Action text is untrusted: it must not be able to close the data fence.
-    return _FENCE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
+    """Untrusted text (actions, and summaries made from them) cannot open or close the fence."""
+    return _FENCE.sub(lambda m: m.group(0).translate(_DEFANGED), text)
 
 
 def build_prompt(
@@ -86,6 +91,8 @@ def build_prompt(
     formatter: ActionsFormatter = default_format_actions,
 ) -> str:
     actions = _as_data(formatter(payloads))
+    # The previous summary was written from earlier (untrusted) actions.
+    previous_summary = _as_data(previous_summary) if previous_summary else None
     previous = previous_summary or "(none yet: this is the start of the session)"
     if "{previous_summary}" not in template and previous_summary:
         actions = (

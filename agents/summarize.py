@@ -19,6 +19,8 @@ import orjson
 from faust.types import TableT
 
 from agents.llm import LLMError
+from agents.offline import offline_summary
+from agents.prompting import cap_summary
 from agents.summarizers import Summarizer
 from schemas import (
     ActionsPayload,
@@ -29,16 +31,21 @@ from schemas import (
     decode,
     encode,
 )
-from streams import metrics
+from streams import changelog, metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes
-from streams.tables import owned_partitions, session_table
-from streams.topics import Topics
+from streams.tables import owned_items, session_table
+from streams.topics import MESSAGE_MAX_BYTES, Topics
 
-__all__ = ["SummaryState", "register"]
+__all__ = ["CARRY_MAX_BYTES", "SummaryState", "fold_large_carry", "register"]
 
 log = logging.getLogger(__name__)
+
+# The carried actions of failed requests go into the table entry (its changelog
+# record must stay under MESSAGE_MAX_BYTES) and into the next prompt (which must
+# fit a model's context): past this they are folded into the summary (see below).
+CARRY_MAX_BYTES = MESSAGE_MAX_BYTES // 4
 
 
 @dataclass
@@ -58,6 +65,30 @@ class SummaryState:
     @classmethod
     def from_bytes(cls, raw: bytes) -> SummaryState:
         return cls(**orjson.loads(raw))
+
+    @property
+    def pending(self) -> bool:
+        """Actions of failed requests that no emitted summary covers yet."""
+        return self.carry_from is not None
+
+
+def fold_large_carry(state: SummaryState, max_chars: int, budget: int = CARRY_MAX_BYTES) -> bool:
+    """If the carried actions exceed ``budget`` bytes, fold them into the rolling summary
+    with the offline (extractive, no network) summarizer: the LLM has been failing, and
+    a carry growing without bound would break the table entry, then every prompt.
+
+    ``carry_from`` stays: the next summary emitted still starts its window there, so
+    the summaries the sinks get stay contiguous. The summary stays bounded: half for
+    what it held, half for the folded actions. Returns whether it folded.
+    """
+    if len(orjson.dumps(state.carry)) <= budget:
+        return False
+    carried = [ActionsPayload.model_validate(b) for b in state.carry]
+    folded = cap_summary(offline_summary(None, carried), max_chars // 2)
+    before = cap_summary(state.summary, max_chars // 2) if state.summary else ""
+    state.summary = f"{before}\n(Summarised without the LLM:) {folded}".strip()
+    state.carry = []
+    return True
 
 
 def _conversation_id(payloads: list[ActionsPayload]) -> str | None:
@@ -115,6 +146,14 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             state.carry_from = request.seq_from
         state.carry.extend(b.model_dump(mode="json") for b in request.batches)
         metrics.SUMMARIES.labels("failed").inc()
+        if fold_large_carry(state, settings.summary_max_chars):
+            log.warning(
+                "session %s: actions carried since %s passed %d bytes; folded into the "
+                "summary by the offline summarizer",
+                request.session_id,
+                state.carry_from,
+                CARRY_MAX_BYTES,
+            )
 
     async def handle(session_id: str, item: tuple[Any, SummarizeRequest]) -> None:
         ticket, request = item
@@ -135,14 +174,13 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             state.carry, state.carry_from = [], None
             metrics.SUMMARIES.labels("final" if request.final else "rolling").inc()
         state.updated_at = time.time()
-        if request.final and not state.carry:
-            table.pop(session_id, None)  # the session is closed: expire its state
-        else:
-            table[session_id] = state.to_bytes()
+        closed = request.final and not state.pending  # then its state expires
+        value = None if closed else state.to_bytes()
+        await changelog.confirm([(table, await changelog.write(app, table, session_id, value))])
         await acks.done(ticket)  # only now, and in offset order, may Faust commit past it
 
     lanes: Lanes[tuple[Any, SummarizeRequest]] = Lanes(
-        handle, max_pending=settings.max_in_flight_requests
+        handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
     )
     # Lanes finish out of order; Faust must see acks in offset order (see InOrderAcks).
     acks = InOrderAcks()
@@ -165,12 +203,16 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         # A session that idled out with nothing pending never sends a final
         # request; its summary state goes after twice the idle time.
         horizon = time.time() - 2 * settings.idle_timeout_s
-        owned = owned_partitions(app, topics.summarize)
-        for sid, raw in list(table.items()):
-            if table.partition_for_key(sid) not in owned:
-                continue  # stale: another worker owns it now (see owned_partitions)
-            state = SummaryState.from_bytes(raw)
-            if state.updated_at < horizon and not state.carry:
-                table.pop(sid, None)
+
+        def expired(raw: bytes | None) -> bool:
+            state = None if raw is None else SummaryState.from_bytes(raw)
+            return state is not None and state.updated_at < horizon and not state.pending
+
+        candidates = [
+            sid async for sid, raw in owned_items(app, table, topics.summarize) if expired(raw)
+        ]
+        for sid in candidates:
+            if expired(table.get(sid)):  # checked again: a request may have come since
+                await changelog.write(app, table, sid, None)
 
     return table

@@ -215,6 +215,14 @@ class Workers:
             out.append(int(match.group(1)) / 1024 if match else float("nan"))
         return out
 
+    def cpu_seconds(self) -> list[float]:
+        """User + system CPU time of each worker so far (from /proc/<pid>/stat)."""
+        out = []
+        for proc, _ in self.procs:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out.append((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+        return out
+
     def rss_mb(self, index: int = 0) -> float:
         status = Path(f"/proc/{self.procs[index][0].pid}/status")
         match = re.search(r"VmRSS:\s+(\d+) kB", status.read_text()) if status.exists() else None
@@ -303,7 +311,7 @@ def changelog_bytes(kafka_data: Path, app_id: str) -> int:
 
 async def bench_pipeline(
     args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
-) -> dict[str, float]:
+) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:6]
     run_dir = ROOT / ".bench" / tag
     run_dir.mkdir(parents=True)
@@ -334,7 +342,7 @@ async def bench_pipeline(
             workers.start("agents.app", "pipeline", args.port)
             workers.start("sinks.app", "sink-null", args.port + 1, AC_SINK="null")
             await wait_metric(client, args.port + 1, "ac_sink_operations_total", 1, "first op")
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), workers.cpu_seconds()
             t_accumulated = await wait_metric(
                 client, args.port, "ac_actions_in_total", actions, "actions accumulated"
             )
@@ -347,6 +355,7 @@ async def bench_pipeline(
                 op="actions_written",
             )
             rss = workers.peak_rss_mb()
+            cpu = [end - begin for end, begin in zip(workers.cpu_seconds(), cpu_start, strict=True)]
     finally:
         workers.stop()
     kafka_data = Path(
@@ -359,6 +368,7 @@ async def bench_pipeline(
         "faust_floor_rate": floor,
         "accumulate_rate": actions / (t_accumulated - start),
         "end_to_end_rate": actions / (t_applied - start),
+        "cpu_us_per_action": [seconds * 1e6 / actions for seconds in cpu],
         "rss_pipeline_mb": rss[0],
         "rss_sink_mb": rss[1],
         "changelog_bytes_per_action": cl_bytes / actions,
@@ -646,6 +656,11 @@ async def main_async(args: argparse.Namespace) -> None:
         f"bench process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
     )
     print(f"changelog bytes per action: {ours['changelog_bytes_per_action']:.0f}")
+    pipeline_cpu, sink_cpu = ours["cpu_us_per_action"]
+    print(
+        f"CPU per action: pipeline {pipeline_cpu:.0f} us, null sink "
+        f"{sink_cpu:.0f} us; in-process SDK {1e6 / sdk_rate:.0f} us (wall time, one core)"
+    )
 
 
 def main() -> None:

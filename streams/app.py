@@ -7,7 +7,9 @@ consumer group: a slow destination never holds back the pipeline or another sink
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,9 @@ __all__ = ["ContextApp", "create_app"]
 
 log = logging.getLogger(__name__)
 
-faust_patches.apply()  # seek before resuming streams after recovery (see the module)
+EXIT_ON_BUG = 70  # EX_SOFTWARE: an internal error (see ContextApp.crash_on_lane_error)
+
+faust_patches.apply()  # Faust 0.15.3: no records lost or reordered around seeks (see the module)
 
 
 class ContextApp(faust.App):
@@ -45,6 +49,33 @@ class ContextApp(faust.App):
         for prefix, factory in self._mounts:
             web.web_app.add_subapp(prefix, factory())
 
+    async def crash_on_lane_error(self, key: str, exc: BaseException) -> None:
+        """``Lanes(on_error=...)``: a bug processed a session's message. Exit non-zero
+        rather than skip the message or stall its partition: it is not acknowledged,
+        so it is redelivered when the supervisor restarts the worker.
+
+        Not Faust's graceful stop: that waits for every delivered message to be
+        acknowledged (``stream_wait_empty``), which this one never will be, and
+        ``App.crash`` stops the consumer thread a final commit still needs (both
+        seen hanging). What is acknowledged is committed first (it never passes
+        the failed message, see ``InOrderAcks``); the rest replays idempotently,
+        as after a ``kill -9``.
+        """
+        log.critical(
+            "session %s: unexpected %s: %s; exiting with status %d so that the worker is "
+            "restarted and the message redelivered",
+            key,
+            type(exc).__name__,
+            exc,
+            EXIT_ON_BUG,
+        )
+        try:
+            await asyncio.wait_for(self.consumer.commit(), timeout=5)
+        except Exception:
+            log.warning("commit before exiting failed", exc_info=True)
+        logging.shutdown()
+        os._exit(EXIT_ON_BUG)
+
     async def on_first_start(self) -> None:
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
         await ensure_topics(self.settings)
@@ -65,6 +96,8 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
+        producer_linger=settings.producer_linger_ms / 1000,
+        producer_max_batch_size=settings.producer_batch_bytes,
         # Lets a dead letter of a message at the broker's limit through (the
         # dead-letter topic accepts it); every other topic is guarded by
         # MESSAGE_MAX_BYTES where messages are built (agents/accumulate.py).

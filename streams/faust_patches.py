@@ -1,4 +1,4 @@
-"""A fix for faust-streaming 0.15.3 that every worker needs (applied by ``streams.app``).
+"""Fixes for faust-streaming 0.15.3 that every worker needs (applied by ``streams.app``).
 
 Found by tests/test_reliability.py (a worker SIGKILLed mid-stream and restarted):
 after table recovery, ``Recovery.on_recovery_completed`` *resumes* the stream
@@ -27,6 +27,11 @@ as acknowledged and commits past them, then drops the re-fetched records as
 already read: lost. Fix: a seek epoch. A batch whose fetch overlapped a seek
 is not delivered; instead the consumer seeks to the committed offsets again,
 so everything the discarded batch had consumed is fetched again.
+
+A third (found by the stuck-session test, issue #6): ``perform_seek`` does not
+move a partition that has no committed offset yet, so records consumed and
+discarded there were never fetched again. Such partitions now go back to the
+beginning, as ``auto_offset_reset="earliest"`` prescribes.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any, cast
 
 import faust
 from faust.tables.recovery import Recovery
-from faust.transport.consumer import Consumer
+from faust.transport.consumer import Consumer, ensure_TP
 from faust.types import TP, Message
 
 __all__ = ["apply"]
@@ -47,7 +52,6 @@ PATCHED_VERSION = "0.15.3"
 
 log = logging.getLogger(__name__)
 
-_original_perform_seek = Consumer.perform_seek
 _original_getmany = Consumer.getmany
 
 
@@ -94,10 +98,36 @@ async def _on_recovery_completed(self: Recovery, generation_id: int = 0) -> None
 
 
 async def _perform_seek(self: Consumer) -> None:
-    """Faust's seek to the committed offsets, counted: before and after (see getmany)."""
+    """Faust's ``perform_seek``, counted before and after (see getmany), and complete.
+
+    Faust (through aiokafka's ``seek_to_committed``) leaves a partition that has
+    no committed offset yet (or offset 0) where it is, so records fetched and
+    dropped around a rebalance were never fetched again from such a partition
+    (found with the stuck-session test: a fresh summarize partition lost the
+    request at its head). Those go to the beginning, as ``auto_offset_reset``
+    "earliest" (our setting) prescribes for a partition without a commit.
+    """
     self._ac_seek_epoch = getattr(self, "_ac_seek_epoch", 0) + 1  # type: ignore[attr-defined]
     try:
-        await _original_perform_seek(self)
+        committed = await self.seek_to_committed()
+        if self.app.conf.consumer_auto_offset_reset == "earliest":
+            for tp, offset in committed.items():
+                if not offset and not self._is_changelog_tp(tp):
+                    await self.seek(tp, 0)
+        # The rest as in Faust's perform_seek.
+        self._read_offset.update(
+            {
+                tp: offset if offset is not None and offset >= 0 else None
+                for tp, offset in committed.items()
+            }
+        )
+        self._committed_offset.update(
+            {
+                ensure_TP(tp): offset if offset else None
+                for tp, offset in committed.items()
+                if offset is not None
+            }
+        )
     finally:
         self._ac_seek_epoch += 1  # type: ignore[attr-defined]
 

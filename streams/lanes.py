@@ -17,10 +17,14 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["InOrderAcks", "Lanes"]
+__all__ = ["InOrderAcks", "LaneFailed", "Lanes"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+
+
+class LaneFailed(RuntimeError):
+    """A lane's handler raised: its item was not finished, so no later item may run."""
 
 
 class Lanes(Generic[T]):
@@ -28,12 +32,25 @@ class Lanes(Generic[T]):
 
     ``max_pending`` bounds the items held across all lanes: ``submit`` waits for
     room, which back-pressures the stream instead of buffering without limit.
+
+    The handler owns its failures (retries, dead letters); one that raises anyway
+    is a bug. Its item stays unfinished (so never acknowledged), the lanes take
+    no more work (``submit`` raises :class:`LaneFailed`: a later item of that
+    key must not overtake it), and ``on_error(key, exc)`` is awaited. Workers
+    crash there: the process exits non-zero, its supervisor restarts it, and
+    the unacknowledged item is redelivered.
     """
 
     def __init__(
-        self, handler: Callable[[str, T], Awaitable[None]], *, max_pending: int = 1000
+        self,
+        handler: Callable[[str, T], Awaitable[None]],
+        *,
+        max_pending: int = 1000,
+        on_error: Callable[[str, BaseException], Awaitable[None]] | None = None,
     ) -> None:
         self._handler = handler
+        self._on_error = on_error
+        self.failed: LaneFailed | None = None
         self._queues: dict[str, deque[T]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._room = asyncio.Semaphore(max_pending)
@@ -49,7 +66,12 @@ class Lanes(Generic[T]):
         return len(self._tasks)
 
     async def submit(self, key: str, item: T) -> None:
+        if self.failed is not None:
+            raise self.failed
         await self._room.acquire()
+        if self.failed is not None:  # failed while this waited for room
+            self._room.release()
+            raise self.failed
         queue = self._queues.setdefault(key, deque())
         queue.append(item)
         if key not in self._tasks:
@@ -66,13 +88,21 @@ class Lanes(Generic[T]):
                 finally:
                     queue.popleft()
                     self._room.release()
-        except Exception:
-            # The handler owns retries; reaching here is a bug. Keep the items
-            # unacked (they replay after restart) and make it loud.
-            log.exception("lane %s stopped; %d items left unacknowledged", key, len(queue))
+        except Exception as exc:
+            # A bug (see the class): the item and the rest of this lane stay
+            # unacknowledged, and replay after the restart on_error brings about.
+            log.exception(
+                "lane %s: the handler raised; its item and %d after it stay unacknowledged",
+                key,
+                len(queue),
+            )
+            self.failed = LaneFailed(f"lane {key!r}: {type(exc).__name__}: {exc}")
+            self.failed.__cause__ = exc
             for _ in queue:
                 self._room.release()
             queue.clear()
+            if self._on_error is not None:
+                await self._on_error(key, exc)
         finally:
             del self._tasks[key]
             del self._queues[key]

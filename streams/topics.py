@@ -3,10 +3,13 @@ same partition count, so a session lives on one partition everywhere."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.settings import Settings
@@ -37,6 +40,10 @@ ACTIONS, SUMMARIZE, CONTEXT, DEAD_LETTERS, LINKS = (
 )
 TOPIC_NAMES = (ACTIONS, SUMMARIZE, CONTEXT, DEAD_LETTERS, LINKS)
 
+log = logging.getLogger(__name__)
+
+_TOPIC_CONFIG = 1  # DescribeConfigs config_source: set on the topic itself
+
 
 @dataclass(frozen=True)
 class Topics:
@@ -64,7 +71,8 @@ def declare_topics(app: faust.App, settings: Settings) -> Topics:
 
 
 async def ensure_topics(settings: Settings) -> None:
-    """Create the service's topics if missing (auto-creation is off on our brokers)."""
+    """Create the service's topics if missing (auto-creation is off on our brokers), and
+    give an existing dead-letter topic the message limit a new one gets."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
@@ -86,5 +94,55 @@ async def ensure_topics(settings: Settings) -> None:
                 await admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass  # a concurrent starter won the race
+        if settings.topic(DEAD_LETTERS) in existing:
+            await _raise_dead_letter_limit(admin, settings.topic(DEAD_LETTERS))
     finally:
         await admin.close()
+
+
+async def _raise_dead_letter_limit(admin: AIOKafkaAdminClient, name: str) -> None:
+    """Raise ``max.message.bytes`` of an existing dead-letter topic (made by an older
+    version, or by hand) to DEAD_LETTER_MAX_BYTES; never lower it.
+
+    aiokafka offers only the legacy AlterConfigs, which replaces *all* of a
+    topic's own settings: the others (retention, ...) are read and sent along.
+    Failing (no ALTER_CONFIGS permission, say) is logged, not fatal: only dead
+    letters of near-limit messages need the larger limit.
+    """
+    resource = ConfigResource(ConfigResourceType.TOPIC, name)
+    try:
+        [described] = await admin.describe_configs([resource])
+        code, message, _, _, entries = described.resources[0][:5]
+        if code:
+            raise RuntimeError(f"describe configs: error {code} {message}")
+        values = {entry[0]: entry[1] for entry in entries}
+        if int(values.get("max.message.bytes") or 0) >= DEAD_LETTER_MAX_BYTES:
+            return
+        own: dict[str, Any] = {
+            entry[0]: entry[1] for entry in entries if _set_on_topic(described, entry)
+        }
+        if any(value is None for value in own.values()):  # sensitive: not readable
+            raise RuntimeError(f"{name} has sensitive settings that cannot be kept")
+        own["max.message.bytes"] = str(DEAD_LETTER_MAX_BYTES)
+        altered = await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, own)])
+        for response in altered:
+            for code, message, *_ in response.resources:
+                if code:
+                    raise RuntimeError(f"alter configs: error {code} {message}")
+        log.info(
+            "dead-letter topic %s: max.message.bytes raised to %d", name, DEAD_LETTER_MAX_BYTES
+        )
+    except Exception as exc:
+        log.warning(
+            "could not raise max.message.bytes of %s to %d (%s); a dead letter of a message "
+            "near the broker's limit will fail: set it by hand",
+            name,
+            DEAD_LETTER_MAX_BYTES,
+            exc,
+        )
+
+
+def _set_on_topic(response: Any, entry: Any) -> bool:
+    if response.API_VERSION == 0:
+        return not entry[3]  # is_default
+    return bool(entry[3] == _TOPIC_CONFIG)  # config_source

@@ -100,7 +100,7 @@ class MiniRunner:
             except Exception:
                 if attempt == attempts - 1:
                     raise
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # the retry's backoff (the runner's, shortened)
 
     async def apply(self, op: ActionsWritten | SummaryReady, *, save: bool = True) -> None:
         try:

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import orjson
 
+from tests.support.kafka_io import uncommitted
 from tests.support.waiting import wait_for
 from tests.support.workers import ROOT, Worker, free_port, unique_env
 
@@ -38,6 +39,9 @@ __all__ = [
 
 RECORDER = "tests.support.plugins:RecordingSink"
 FLAKY = "tests.support.sinks:FlakyRecordingSink"
+
+# The topics each kind of worker consumes (a link-aware sink also consumes ``links``).
+INPUTS = {"agents.app": ("actions", "summarize"), "sinks.app": ("context",)}
 
 
 def read_complete_records(path: Path) -> list[dict[str, Any]]:
@@ -74,6 +78,8 @@ class ManagedWorker(Worker):
     starts: int = 0
     kills: int = 0
     down: bool = False  # stopped or killed on purpose
+    group: str = ""  # its consumer group, as its /healthz reports it (see consumer_groups)
+    inputs: tuple[str, ...] = ()
     _mark: int = 0  # log size when last started: "Ready" must come after it
 
     def start(self) -> ManagedWorker:
@@ -166,6 +172,43 @@ class Cluster:
 
     async def ready(self, *workers: ManagedWorker) -> None:
         await asyncio.gather(*(w.wait_ready() for w in workers or self.workers))
+
+    async def consumer_groups(self) -> list[tuple[str, tuple[str, ...]]] | None:
+        """The consumer groups of the running workers with their input topics, the
+        pipeline's first; ``None`` while a running worker has not told its group yet."""
+        groups: dict[str, tuple[str, ...]] = {}
+        for w in self.workers:
+            if w.down:
+                continue
+            if not w.group:
+                status = await health(w.url)
+                if not status.get("app"):
+                    return None
+                w.group, w.inputs = str(status["app"]), INPUTS[w.module]
+                if any(".links:" in tp for tp in status.get("assigned_partitions", [])):
+                    w.inputs += ("links",)
+            groups[w.group] = tuple(sorted({*groups.get(w.group, ()), *w.inputs}))
+        return sorted(groups.items(), key=lambda item: "actions" not in item[1])
+
+    async def wait_committed(self, timeout: float = 60.0) -> None:
+        """Wait until every consumer group has processed, acknowledged and committed all of
+        its input: nothing is in flight, nothing is left to redeliver, so no operation is
+        still to come (not even a late duplicate) unless a worker crashes."""
+        behind: dict[str, int] | None = None
+
+        async def committed() -> bool:
+            nonlocal behind
+            self.check_alive()
+            groups = await self.consumer_groups()
+            behind = None if groups is None else await uncommitted(self.env, groups)
+            return behind == {}
+
+        await wait_for(
+            committed,
+            timeout=timeout,
+            interval=0.5,
+            message=lambda: f"not committed (group partition: offsets behind): {behind}",
+        )
 
     def records(self, path: Path | None = None) -> list[dict[str, Any]]:
         return read_complete_records(path or self.record_file)

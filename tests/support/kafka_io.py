@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from streams.settings import Settings
@@ -25,10 +26,13 @@ from streams.topics import ensure_topics
 __all__ = [
     "Record",
     "StreamProducer",
+    "committed_offsets",
+    "delete_topics",
     "produce_payloads",
     "produce_raw",
     "read_topic",
     "settings_for",
+    "uncommitted",
 ]
 
 log = logging.getLogger(__name__)
@@ -213,3 +217,77 @@ class StreamProducer:
     @property
     def done(self) -> bool:
         return self._task is not None and self._task.done()
+
+
+async def delete_topics(env: dict[str, str]) -> int:
+    """Delete the topics of one test (its prefix, and its apps' changelogs): a shared broker
+    with thousands of leftover topics creates new ones slowly. Returns how many."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=env["KAFKA_BOOTSTRAP_SERVERS"])
+    await admin.start()
+    try:
+        mine = [
+            t
+            for t in await admin.list_topics()
+            if t.startswith(env["AC_TOPIC_PREFIX"]) or t.startswith(f"{env['AC_APP_ID']}-")
+        ]
+        if mine:
+            await admin.delete_topics(mine)
+        return len(mine)
+    finally:
+        await admin.close()
+
+
+async def committed_offsets(env: dict[str, str], group: str, topic: str) -> dict[int, int]:
+    """The offsets ``group`` has committed on ``topic`` (a topic name without the
+    prefix), by partition; a partition without a commit is left out."""
+    name = settings_for(env).topic(topic)
+    admin = AIOKafkaAdminClient(bootstrap_servers=env["KAFKA_BOOTSTRAP_SERVERS"])
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == name}
+
+
+async def uncommitted(
+    env: dict[str, str], groups: Sequence[tuple[str, Sequence[str]]]
+) -> dict[str, int]:
+    """What each consumer group has not committed yet: for every partition of its input
+    topics (names without the prefix), the log end offset minus the committed offset,
+    where not 0. Empty: every group has processed, acknowledged and committed all of
+    its input.
+
+    Groups are checked in the order given, each group's commits read before the ends
+    of its topics. Give the upstream group first (the pipeline, then the sinks): once
+    it has committed everything, its output is complete (it is acknowledged by the
+    broker before the input is), so the ends read next for the sinks are final.
+    """
+    settings = settings_for(env)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
+    await admin.start()
+    await consumer.start()
+    behind: dict[str, int] = {}
+    try:
+        for group, topics in groups:
+            committed = await admin.list_consumer_group_offsets(group)
+            tps = [
+                TopicPartition(settings.topic(t), p)
+                for t in topics
+                for p in range(settings.partitions)
+            ]
+            ends = await consumer.end_offsets(tps)
+            for tp in tps:
+                meta = committed.get(tp)
+                done = meta.offset if meta is not None and meta.offset >= 0 else 0
+                if ends[tp] - done:
+                    behind[f"{group} {tp.topic}:{tp.partition}"] = ends[tp] - done
+        return behind
+    finally:
+        await consumer.stop()
+        await admin.close()

@@ -19,6 +19,15 @@ def format_with_session(payloads: list[ActionsPayload]) -> str:
     return f"Session {payloads[0].session_id}\n{default_format_actions(payloads)}"
 
 
+def format_with_bug(payloads: list[ActionsPayload]) -> str:
+    """``format_with_session`` with a bug: it raises for sessions whose id contains
+    ``AC_BUG_MATCH`` while the file ``AC_BUG_FILE`` exists."""
+    bug, match = os.environ.get("AC_BUG_FILE"), os.environ.get("AC_BUG_MATCH")
+    if bug and match and match in payloads[0].session_id and Path(bug).exists():
+        raise RuntimeError(f"formatter bug (simulated) for {payloads[0].session_id}")
+    return format_with_session(payloads)
+
+
 class RecordingSink:
     """Appends every operation it is given to a JSON-lines file, in application order."""
 

@@ -1,0 +1,74 @@
+"""Per-session lanes: order per key, and what happens when a handler raises."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from streams.lanes import LaneFailed, Lanes
+from tests.support.waiting import wait_for
+
+
+async def test_a_raising_handler_stops_the_lanes_and_reports_the_key() -> None:
+    handled: list[tuple[str, int]] = []
+    errors: list[tuple[str, BaseException]] = []
+    release = asyncio.Event()
+
+    async def handler(key: str, item: int) -> None:
+        if key == "slow":
+            await release.wait()
+        if (key, item) == ("bad", 2):
+            raise KeyError("a bug")
+        handled.append((key, item))
+
+    async def on_error(key: str, exc: BaseException) -> None:
+        errors.append((key, exc))
+
+    lanes: Lanes[int] = Lanes(handler, on_error=on_error)
+    for item in (1, 2, 3):
+        await lanes.submit("bad", item)
+    await lanes.submit("slow", 1)
+    await wait_for(lambda: errors, timeout=5, message="on_error not called")
+
+    assert [(key, type(exc)) for key, exc in errors] == [("bad", KeyError)]
+    assert ("bad", 3) not in handled  # nothing of that key runs after the failed item
+    with pytest.raises(LaneFailed, match="lane 'bad': KeyError") as failed:
+        await lanes.submit("other", 1)  # no more work is taken at all
+    assert isinstance(failed.value.__cause__, KeyError)
+    release.set()  # work already taken for other keys still finishes
+    await asyncio.wait_for(lanes.join(), 5)
+    assert handled == [("bad", 1), ("slow", 1)]
+
+
+async def test_without_on_error_the_failure_still_stops_the_lanes() -> None:
+    async def handler(key: str, item: int) -> None:
+        raise ValueError("a bug")
+
+    lanes: Lanes[int] = Lanes(handler)
+    await lanes.submit("s", 1)
+    await asyncio.wait_for(lanes.join(), 5)
+    with pytest.raises(LaneFailed):
+        await lanes.submit("s", 2)
+
+
+async def test_order_per_key_and_concurrency_across_keys() -> None:
+    running: set[str] = set()
+    overlap = 0
+    seen: dict[str, list[int]] = {}
+
+    async def handler(key: str, item: int) -> None:
+        nonlocal overlap
+        running.add(key)
+        overlap = max(overlap, len(running))
+        await asyncio.sleep(0)  # yield, so other lanes get to run in between
+        seen.setdefault(key, []).append(item)
+        running.discard(key)
+
+    lanes: Lanes[int] = Lanes(handler, max_pending=5)
+    for item in range(20):
+        for key in ("a", "b", "c"):
+            await lanes.submit(key, item)
+    await asyncio.wait_for(lanes.join(), 5)
+    assert seen == {key: list(range(20)) for key in ("a", "b", "c")}
+    assert overlap > 1
