@@ -187,8 +187,13 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         async for events in cast(faust.Stream[bytes], stream).noack_take(
             BATCH_MAX, within=BATCH_WITHIN_S
         ):
-            async with state_lock:
-                await apply_events(stream, cast(list[faust.EventT], events))
+            batch = cast(list[faust.EventT], events)
+            try:
+                async with state_lock:
+                    await apply_events(stream, batch)
+            except Exception as exc:  # a bug: stop rather than skip (nothing here is acked)
+                first = batch[0].message
+                await app.crash_on_lane_error(f"(batch from {first.tp}@{first.offset})", exc)
 
     async def close_session(sid: str, state: SessionState, now: float) -> None:
         await emit((sid, e) for e in close_idle(state, sid, limits, now, store))
