@@ -395,7 +395,7 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
         partitions=args.partitions,
     )
     await ensure_topics(settings)
-    seconds, warmup_s = args.latency_seconds, 3.0
+    seconds, warmup_s = args.latency_seconds, 5.0
     payloads = workload(
         int(args.rate * (seconds + warmup_s)), 500, seed=args.seed + 1, min_batch=1, max_batch=3
     )
