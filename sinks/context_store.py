@@ -32,14 +32,14 @@ class ContextStore:
         self._app, self._table = app, table
 
     def load(self, session_id: str) -> SessionContext:
-        raw = self._table.get(session_id)
+        raw = changelog.read(self._table, session_id)
         if raw is None:
             return SessionContext(session_id=session_id)
         header = orjson.loads(raw)
         seq = header.pop("first_batch", 0)
         batches = []
         while seq and seq <= header["actions_to"]:
-            stored = self._table.get(batch_key(session_id, seq))
+            stored = changelog.read(self._table, batch_key(session_id, seq))
             if stored is None:  # never written by save(); stop rather than guess
                 break
             batch = Batch.model_construct(**orjson.loads(stored))  # written by save() below

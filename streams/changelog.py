@@ -19,7 +19,7 @@ import faust
 from faust.stores.rocksdb import Store as RocksDBStore
 from faust.types import TableT
 
-__all__ = ["confirm", "write"]
+__all__ = ["confirm", "read", "write"]
 
 
 async def write(
@@ -31,6 +31,24 @@ async def write(
     return await app.producer.send(
         table.changelog_topic.get_topic_name(), key.encode(), value, partition, None, None
     )
+
+
+def read(table: TableT[str, bytes], key: str) -> bytes | None:
+    """``table.get(key)``, straight from the key's partition for a RocksDB store.
+
+    Faust's RocksDB lookup of a key missing from its small LRU index probes
+    every partition database in turn; with hundreds of thousands of sessions
+    nearly every lookup missed (the memory benchmark ran 4x slower).
+    """
+    store = cast(Any, table).data
+    if isinstance(store, RocksDBStore):
+        partition = cast(int, table.partition_for_key(key))
+        try:
+            db = store._dbs[partition]
+        except KeyError:  # not opened yet: nothing written there by this worker
+            return cast(bytes | None, table.get(key))
+        return cast(bytes | None, db.get(key.encode()))
+    return cast(bytes | None, table.get(key))
 
 
 def _store_put(store: Any, key: str, value: bytes | None, partition: int) -> None:

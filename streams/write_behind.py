@@ -73,7 +73,7 @@ class WriteBehind:
         hit = self._overlay.get((id(table), key))
         if hit is not None:
             return hit[0]
-        return table.get(key)
+        return changelog.read(table, key)
 
     def set(self, table: TableT[str, bytes], key: str, value: bytes | None) -> None:
         """Record a write (``None`` deletes); visible to ``get`` at once, applied on completion."""
