@@ -416,28 +416,24 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
             workers.start("sinks.app", "sink-null", sink_port, AC_SINK="null")
             await wait_healthy(client, [args.port + 10, sink_port])
             topic = settings.topic("actions")
+
+            async def offer(part: list[dict[str, Any]], applied: int, label: str) -> str:
+                """Offer ``part`` at the rate, wait until the sink applied ``applied``, scrape."""
+                await produce(args.bootstrap, topic, part, rate=per_second)
+                await wait_metric(
+                    client,
+                    sink_port,
+                    "ac_sink_operations_total",
+                    applied,
+                    label,
+                    op="actions_written",
+                )
+                return await scrape(client, sink_port)
+
             print(f"  warm-up: {args.rate:,.0f} actions/s for {warmup_s:.0f}s ...")
-            await produce(args.bootstrap, topic, warmup, rate=per_second)
-            await wait_metric(
-                client,
-                sink_port,
-                "ac_sink_operations_total",
-                len(warmup),
-                "warm-up batches",
-                op="actions_written",
-            )
-            before = await scrape(client, sink_port)
+            before = await offer(warmup, len(warmup), "warm-up batches")
             print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
-            await produce(args.bootstrap, topic, measured, rate=per_second)
-            await wait_metric(
-                client,
-                sink_port,
-                "ac_sink_operations_total",
-                len(payloads),
-                "batches applied",
-                op="actions_written",
-            )
-            after = await scrape(client, sink_port)
+            after = await offer(measured, len(payloads), "batches applied")
     finally:
         workers.stop()
     latency = histogram_quantiles(after, "ac_action_age_at_sink_seconds", before)

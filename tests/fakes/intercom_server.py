@@ -27,10 +27,11 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackServer
 
 __all__ = ["Call", "FakeIntercomServer", "Part"]
 
@@ -94,7 +95,7 @@ class Conversation:
     parts: list[Part] = field(default_factory=list)
 
 
-class FakeIntercomServer:
+class FakeIntercomServer(LoopbackServer):
     def __init__(
         self,
         *,
@@ -105,6 +106,7 @@ class FakeIntercomServer:
         max_parts: int = 500,
         seed: int = 0,
     ) -> None:
+        super().__init__()
         self.token = token
         self.version = version
         self.auto_create = auto_create
@@ -119,46 +121,17 @@ class FakeIntercomServer:
         self._mode_until: float | None = None
         self._storm: tuple[float, float, float | None, bool] | None = None
         self._random = random.Random(seed)
-        self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
-    async def start(self) -> FakeIntercomServer:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/conversations/redact", self._redact)
         app.router.add_post("/conversations/{id}/reply", self._reply)
         app.router.add_get("/conversations/{id}", self._get)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
-        return self
-
-    async def stop(self) -> None:
-        self._closing.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeIntercomServer:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("server not started")
-        return f"http://127.0.0.1:{self._port}"
+        return self.origin
 
     # -- programming ----------------------------------------------------------
 

@@ -21,10 +21,11 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackServer
 
 __all__ = ["FAILURE_MODES", "FakeOpenAIServer", "RecordedRequest", "default_reply"]
 
@@ -51,7 +52,7 @@ def default_reply(prompt: str, n: int) -> str:
     return f"Summary #{n}: {len(actions)} actions ({digest})"
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(LoopbackServer):
     """OpenAI-compatible ``POST /v1/chat/completions`` with programmable failures.
 
     Failure plan, first match wins per request: the queue from ``fail(...)``,
@@ -70,6 +71,7 @@ class FakeOpenAIServer:
         session_pattern: str = r"Session (\S+)",
         model: str = "fake-gpt",
     ) -> None:
+        super().__init__()
         self.reply = reply
         self.latency_s = latency_s
         self.retry_after_s = retry_after_s
@@ -87,47 +89,19 @@ class FakeOpenAIServer:
         self._mode_until: float | None = None
         self._released = asyncio.Event()
         self._released.set()
-        self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
-    async def start(self) -> FakeOpenAIServer:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._handle)
-        # Cancel handlers whose client went away (e.g. after a client timeout),
-        # so in-flight counts reflect connections actually open.
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
-        return self
 
     async def stop(self) -> None:
-        self._closing.set()
-        self._released.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeOpenAIServer:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
+        self._released.set()  # held requests answer, so the server can close
+        await super().stop()
 
     @property
     def url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("server not started")
-        return f"http://127.0.0.1:{self._port}"
+        return self.origin
 
     @property
     def base_url(self) -> str:

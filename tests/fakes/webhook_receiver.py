@@ -20,11 +20,12 @@ import hmac
 import time
 from collections import deque
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from tests.fakes.loopback import LoopbackServer
 
 __all__ = ["Delivery", "WebhookReceiver"]
 
@@ -41,52 +42,24 @@ class Delivery:
     duplicate: bool = False
 
 
-class WebhookReceiver:
+class WebhookReceiver(LoopbackServer):
     def __init__(
         self, secret: str, *, retry_after_s: float = 0.5, timeout_hold_s: float = 30.0
     ) -> None:
+        super().__init__()
         self.secret = secret
         self.retry_after_s = retry_after_s
         self.timeout_hold_s = timeout_hold_s
         self.deliveries: list[Delivery] = []  # every request, in arrival order
         self.accepted: dict[str, Delivery] = {}  # first delivery per key, insertion-ordered
         self._plan: deque[str] = deque()
-        self._closing = asyncio.Event()
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
-    async def start(self) -> WebhookReceiver:
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/hook", self._handle)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = self._runner.addresses[0][1]
-        return self
-
-    async def stop(self) -> None:
-        self._closing.set()
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> WebhookReceiver:
-        return await self.start()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     @property
     def url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("receiver not started")
-        return f"http://127.0.0.1:{self._port}/hook"
+        return f"{self.origin}/hook"
 
     def fail(self, *modes: str) -> None:
         self._plan.extend(modes)
