@@ -78,6 +78,17 @@ def workload(
     return payloads
 
 
+def idle_sessions(sessions: int, seed: int) -> list[dict[str, Any]]:
+    """One payload of 2 actions per session (under K: nothing to summarise), in O(n)."""
+    template = workload(2, 1, seed, min_batch=2, max_batch=2)[0]
+    out = []
+    for i in range(sessions):
+        sid = f"idle-{seed}-{i:07d}"
+        actions = [{**a, "session_id": sid} for a in template["actions"]]
+        out.append({**template, "session_id": sid, "actions": actions})
+    return out
+
+
 async def produce(
     bootstrap: str, topic: str, payloads: list[dict[str, Any]], rate: float | None = None
 ) -> None:
@@ -527,9 +538,7 @@ async def bench_memory(args: argparse.Namespace) -> dict[str, list[tuple[int, fl
         kafka_bootstrap_servers=args.bootstrap, topic_prefix=prefix, partitions=args.partitions
     )
     await ensure_topics(settings)
-    payloads = workload(
-        args.sessions * 2, args.sessions, seed=args.seed + 3, min_batch=1, max_batch=3
-    )
+    payloads = idle_sessions(args.sessions, seed=args.seed + 3)
     print(f"  producing {len(payloads):,} payloads: {args.sessions:,} sessions of 2 actions ...")
     await produce(args.bootstrap, settings.topic("actions"), payloads)
     actions = sum(len(p["actions"]) for p in payloads)
@@ -563,6 +572,7 @@ async def bench_memory(args: argparse.Namespace) -> dict[str, list[tuple[int, fl
                         f"{store} actions in",
                     )
                     marks.append((int(args.sessions * mark), workers.rss_mb()))
+                    print(f"  {store}: {marks[-1][0]:,} sessions held, RSS {marks[-1][1]:,.0f} MiB")
         finally:
             workers.stop()
         results[store] = marks
