@@ -38,7 +38,14 @@ from streams import metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.lag import OwnedKeys
-from streams.tables import batch_key, batch_table, owned_items, owned_partitions, session_table
+from streams.tables import (
+    ScanPacer,
+    batch_key,
+    batch_table,
+    owned_items,
+    owned_partitions,
+    session_table,
+)
 from streams.topics import MESSAGE_MAX_BYTES, Topics
 from streams.write_behind import WriteBehind
 
@@ -204,18 +211,25 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         metrics.SESSIONS_EXPIRED.inc()
         log.info("session %s idle for %.0fs: closed and expired", sid, now - state.last_seen)
 
+    pacer = ScanPacer("accumulate.expire_idle")
+
     @app.timer(settings.idle_check_interval_s, name="accumulate.expire_idle")
     async def expire_idle_sessions() -> None:
+        if not pacer.due():
+            return
         now = time.time()
         idle = []
-        async for sid, raw in owned_items(app, sessions, topics.actions):
-            state = SessionState.from_bytes(raw)
-            if now - state.last_seen >= settings.idle_timeout_s:
-                idle.append(sid)
-            elif state.debounce:
-                debouncing.add(sid)  # e.g. restored from the changelog after a restart
+        with pacer.scanning():
+            async for sid, raw in owned_items(app, sessions, topics.actions):
+                state = SessionState.from_bytes(raw)
+                if now - state.last_seen >= settings.idle_timeout_s:
+                    idle.append(sid)
+                elif state.debounce:
+                    debouncing.add(sid)  # e.g. restored from the changelog after a restart
         for sid in idle:
             async with state_lock:
+                if sessions.partition_for_key(sid) not in owned_partitions(app, topics.actions):
+                    continue  # revoked while the scan ran: its new owner closes it
                 current = load(sid)  # it may have moved on while we waited for the lock
                 if current is not None and now - current.last_seen >= settings.idle_timeout_s:
                     await close_session(sid, current, now)

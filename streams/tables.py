@@ -9,7 +9,10 @@ per-session tasks, which run outside a stream event, write to tables.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import faust
@@ -19,6 +22,7 @@ from faust.stores.rocksdb import Store as RocksDBStore
 from streams.app import ContextApp
 
 __all__ = [
+    "ScanPacer",
     "batch_key",
     "batch_table",
     "owned_items",
@@ -28,6 +32,8 @@ __all__ = [
 ]
 
 SCAN_YIELD_EVERY = 500  # entries between yields to the event loop while scanning
+
+log = logging.getLogger(__name__)
 
 # Between the session id and the index in a compound key. The index (digits)
 # comes last, so splitting at the last separator is right whatever the id holds.
@@ -164,3 +170,37 @@ async def owned_items(
             key = key.decode("utf-8")
         if table.partition_for_key(key) in owned:  # else: stale, another worker owns it now
             yield key, value
+
+
+class ScanPacer:
+    """Keeps a timer's full-table scan to a share of the worker's time.
+
+    A scan costs O(sessions): at a few hundred thousand idle sessions a scan
+    every few seconds took most of the CPU and the pipeline slowed to a crawl
+    (found by ``scripts/bench.py --mode memory``). After a scan that took ``t``,
+    the next is skipped until ``t * (1 / share - 1)`` has passed, so with many
+    sessions idle detection runs less often instead of starving the stream.
+    """
+
+    def __init__(self, name: str, share: float = 0.1) -> None:
+        self.name, self.share = name, share
+        self._next = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next
+
+    @contextmanager
+    def scanning(self) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - started
+            self._next = time.monotonic() + took * (1 / self.share - 1)
+            if took > 1.0:
+                log.info(
+                    "%s: scan took %.1fs; next in %.0fs at the earliest",
+                    self.name,
+                    took,
+                    took * (1 / self.share - 1),
+                )
