@@ -90,10 +90,6 @@ class WriteBehind:
         """Acknowledge ``event`` when the current unit completes."""
         self._unit.events.append((stream, event))
 
-    @property
-    def in_flight(self) -> int:
-        return self._queue.qsize()
-
     async def seal(self) -> None:
         """End the current unit: its writes and acks happen after its messages are acked."""
         unit, self._unit = self._unit, _Unit()
@@ -105,12 +101,6 @@ class WriteBehind:
                 asyncio.create_task(self._stage(self._recorded, self._acknowledge), name="wb-ack"),
             ]
         await self._queue.put(unit)
-
-    async def flush(self) -> None:
-        """Wait until every sealed unit is complete."""
-        await self.seal()
-        await self._queue.join()
-        await self._recorded.join()
 
     async def _stage(
         self, queue: asyncio.Queue[_Unit], step: Callable[[_Unit], Awaitable[None]]
