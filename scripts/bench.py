@@ -135,21 +135,27 @@ async def bench_raw_consumer(
         await consumer.stop()
 
 
+def faust_worker(module: str, port: int) -> list[str]:
+    """The command of a `faust worker` (``-l info``: ``-l warn`` leaves the root logger at
+    DEBUG under Faust's spinner, which costs a log record per message)."""
+    return [
+        sys.executable,
+        "-m",
+        "faust",
+        "-A",
+        module,
+        "worker",
+        "-l",
+        "info",
+        "--web-port",
+        str(port),
+    ]
+
+
 def bench_faust_floor(env: dict[str, str], messages: int, actions: int, port: int) -> float:
     """(a') a no-op Faust agent over the same topic: Faust's per-message delivery alone."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "faust",
-            "-A",
-            "scripts.bench_floor",
-            "worker",
-            "-l",
-            "info",
-            "--web-port",
-            str(port),
-        ],
+        faust_worker("scripts.bench_floor", port),
         cwd=ROOT,
         env={**os.environ, **env, "BENCH_FLOOR_MESSAGES": str(messages)},
         capture_output=True,
@@ -194,18 +200,7 @@ class Workers:
     def start(self, module: str, name: str, port: int, **extra: str) -> None:
         log = self.run_dir / f"{name}.log"
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "faust",
-                "-A",
-                module,
-                "worker",
-                "-l",
-                "info",
-                "--web-port",
-                str(port),
-            ],
+            faust_worker(module, port),
             cwd=ROOT,
             env={**os.environ, **self.env, **extra, "AC_WEB_PORT": str(port)},
             stdout=log.open("wb"),
