@@ -37,8 +37,8 @@ from schemas import ActionsPayload, InvalidMessage, decode
 from streams import metrics
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
-from streams.lag import OwnedKeys
 from streams.tables import (
+    OwnedKeyCount,
     ScanPacer,
     batch_key,
     batch_table,
@@ -131,8 +131,9 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
     sessions = session_table(app, "sessions")
     writes = WriteBehind(app, on_error=app.crash_on_lane_error)
     store = _TableBatches(batch_table(app, "batches"), writes)
-    # Counted at scrape time, only on this worker's partitions (see OwnedKeys).
-    metrics.ACTIVE_SESSIONS.set_function(OwnedKeys(app, sessions, topics.actions))
+    # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).
+    active = OwnedKeyCount(app, sessions, topics.actions, lambda: writes.pending(sessions))
+    metrics.ACTIVE_SESSIONS.set_function(active)
     dead_letters = DeadLetterWriter(topics.dead_letters, stage="accumulate")
     out_topics = {
         "context": topics.context.get_topic_name(),
@@ -146,8 +147,10 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
     def load(session_id: str) -> SessionState | None:
         return _decoded(writes.get(sessions, session_id))
 
-    def save(session_id: str, raw: bytes | None) -> None:
+    def save(session_id: str, raw: bytes | None, *, existed: bool = True) -> None:
         writes.set(sessions, session_id, raw)
+        if existed != (raw is not None):
+            active.changed(session_id, 1 if raw is not None else -1)
 
     async def emit(emissions: Iterable[tuple[str, Emission]]) -> None:
         """Produce in order; ``writes.seal()`` makes the table writes wait for the acks."""
@@ -167,6 +170,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
                 continue
             sid = payload.session_id
             state = load(sid)
+            is_new = state is None
             if already_applied(state, message.offset):
                 metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
                 continue
@@ -181,7 +185,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
                 await dead_letters.write(message, too_large)
                 continue
             store.commit()
-            save(sid, raw)
+            save(sid, raw, existed=not is_new)
             emissions.extend((sid, e) for e in out)
             metrics.ACTIONS_IN.inc(len(payload.actions))
             if state.debounce:

@@ -19,12 +19,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import faust
-from aiokafka.partitioner import murmur2
 from faust.types import TP
 
 from streams.metrics import CONSUMER_LAG
 
-__all__ = ["LagTracker", "OwnedKeys", "register_lag", "worker_status"]
+__all__ = ["LagTracker", "register_lag", "worker_status"]
 
 log = logging.getLogger(__name__)
 
@@ -128,41 +127,6 @@ def register_lag(app: faust.App, interval_s: float | None = None) -> LagTracker:
         await tracker.refresh()
 
     return tracker
-
-
-class OwnedKeys:
-    """Counts the keys of a session table that live on this worker's partitions.
-
-    ``len(table)`` is not that: Faust's in-memory store keeps the keys it wrote
-    for partitions revoked since (it only drops keys it restored from the
-    changelog), so after a rebalance two workers would both count a session.
-    Keys are str session ids partitioned like every topic (murmur2 of the key,
-    as ``use_partitioner=True`` tables and the producers do); each key's
-    partition is computed once and cached. Meant as a gauge function, read at
-    scrape time on the event loop.
-    """
-
-    def __init__(self, app: faust.App, table: Any, topic: faust.TopicT) -> None:
-        self.app = app
-        self.table = table
-        self.topic = topic.get_topic_name()
-        self.partitions = int(topic.partitions or app.conf.topic_partitions)
-        self._partition_of: dict[str | bytes, int] = {}
-
-    def partition_of(self, key: str | bytes) -> int:
-        partition = self._partition_of.get(key)
-        if partition is None:
-            raw = key if isinstance(key, bytes) else str(key).encode("utf-8")
-            partition = (murmur2(raw) & 0x7FFFFFFF) % self.partitions
-            self._partition_of[key] = partition
-        return partition
-
-    def __call__(self) -> int:
-        owned = {tp.partition for tp in assigned_inputs(self.app) if tp.topic == self.topic}
-        keys = list(self.table.keys()) if owned else []
-        if len(self._partition_of) > 2 * len(keys) + 1000:  # forget expired sessions
-            self._partition_of = {k: p for k, p in self._partition_of.items() if k in keys}
-        return sum(1 for key in keys if self.partition_of(key) in owned)
 
 
 def worker_status(app: faust.App) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +74,12 @@ class WriteBehind:
         if hit is not None:
             return hit[0]
         return changelog.read(table, key)
+
+    def pending(self, table: TableT[str, bytes]) -> Iterator[tuple[str, bool]]:
+        """``table``'s writes not applied yet: (key, whether it exists afterwards)."""
+        for (table_id, key), (value, _) in list(self._overlay.items()):
+            if table_id == id(table):
+                yield key, value is not None
 
     def set(self, table: TableT[str, bytes], key: str, value: bytes | None) -> None:
         """Record a write (``None`` deletes); visible to ``get`` at once, applied on completion."""
