@@ -567,11 +567,25 @@ async def bench_memory(args: argparse.Namespace) -> dict[str, list[tuple[int, fl
                         f"{store} actions in",
                     )
                     marks.append((int(args.sessions * mark), workers.rss_mb()))
-                    print(f"  {store}: {marks[-1][0]:,} sessions held, RSS {marks[-1][1]:,.0f} MiB")
+                    print(
+                        f"  {store}: {marks[-1][0]:,} sessions held, RSS {marks[-1][1]:,.0f} MiB"
+                        + rocksdb_memory(await scrape(client, args.port + 30))
+                    )
         finally:
             workers.stop()
         results[store] = marks
     return results
+
+
+def rocksdb_memory(text: str) -> str:
+    """RocksDB's share of the worker's memory, from its gauge (empty for other stores)."""
+    kinds = {
+        kind: metric(text, "ac_rocksdb_memory_bytes", kind=kind) / 2**20
+        for kind in ("block_cache", "memtables", "table_readers")
+    }
+    if not any(kinds.values()):
+        return ""
+    return " (RocksDB: " + ", ".join(f"{k} {v:,.0f}" for k, v in kinds.items()) + " MiB)"
 
 
 def print_memory(results: dict[str, list[tuple[int, float]]]) -> None:

@@ -11,6 +11,11 @@ REPLAYS_SKIPPED = Counter(
 ACTIVE_SESSIONS = Gauge(
     "ac_active_sessions", "Sessions with accumulator state on this worker's partitions"
 )
+ROCKSDB_MEMORY = Gauge(
+    "ac_rocksdb_memory_bytes",
+    "RocksDB's own memory in this worker (block cache, memtables, table readers)",
+    ["kind"],
+)
 SESSIONS_EXPIRED = Counter("ac_sessions_expired_total", "Idle sessions closed and expired")
 DEAD_LETTERS = Counter(
     "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]

@@ -31,9 +31,10 @@ class Settings(BaseSettings):
     topic_prefix: str = ""
     partitions: int = Field(default=8, ge=1)
     store: str = "memory://"  # or rocksdb:// for state larger than memory
-    # Per RocksDB database (one per table and partition): bounds the worker's RSS.
+    # Bound the worker's RSS with the RocksDB store (streams/rocksdb.py): two write
+    # buffers per database (one per table and partition), one block cache per worker.
     rocksdb_write_buffer_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
-    rocksdb_block_cache_bytes: int = Field(default=8 * 1024 * 1024, ge=64 * 1024)
+    rocksdb_block_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     data_dir: Path = Path(".agent-context")
     web_host: str = "127.0.0.1"
     web_port: int = 6066

@@ -19,7 +19,7 @@ import faust
 from aiokafka.partitioner import murmur2
 from faust.stores.rocksdb import Store as RocksDBStore
 
-from streams import changelog
+from streams import changelog, metrics, rocksdb
 from streams.app import ContextApp
 
 __all__ = [
@@ -66,6 +66,11 @@ class _RawTable(faust.Table):
 
     def _serializer_from_type(self, typ: Any) -> str:
         return "raw"
+
+    def _new_store(self) -> Any:
+        store = super()._new_store()
+        rocksdb.bound(store)  # before any database is opened
+        return store
 
     def partition_for_key(self, key: Any) -> int:
         """The key's partition, computed like Kafka's default partitioner (murmur2).
@@ -114,22 +119,31 @@ def _declare(app: ContextApp, cls: type[_RawTable], name: str) -> faust.Table:
         use_partitioner=True,
         options=_rocksdb_options(app) if app.settings.store.startswith("rocksdb") else None,
     )
+    if app.settings.store.startswith("rocksdb"):
+        _report_rocksdb_memory(app)
     return app.tables.add(table)  # type: ignore[return-value]
 
 
-def _rocksdb_options(app: ContextApp) -> dict[str, int]:
-    """Bounded memory per partition database (one per table and partition).
+def _report_rocksdb_memory(app: ContextApp) -> None:
+    def stores() -> list[Any]:
+        return [table.data for table in app.tables.values()]
 
-    Faust's defaults (a 2 GiB block cache and 3 x 64 MiB write buffers per
-    database) let RSS grow with the data across dozens of databases; these keep
-    a worker's memory flat however many sessions it holds.
+    def reporter(kind: str) -> Callable[[], float]:
+        return lambda: rocksdb.memory_bytes(stores())[kind]
+
+    for kind in rocksdb.MEMORY_KINDS:
+        metrics.ROCKSDB_MEMORY.labels(kind).set_function(reporter(kind))
+
+
+def _rocksdb_options(app: ContextApp) -> dict[str, int]:
+    """Bounded memory (``streams.rocksdb``): Faust's defaults are a 2 GiB block
+    cache and 3 x 64 MiB write buffers per database (one per table and partition).
     """
     settings = app.settings
     return {
         "write_buffer_size": settings.rocksdb_write_buffer_bytes,
         "max_write_buffer_number": 2,
-        "block_cache_size": settings.rocksdb_block_cache_bytes,
-        "block_cache_compressed_size": settings.rocksdb_block_cache_bytes,
+        "block_cache_size": settings.rocksdb_block_cache_bytes,  # shared by all databases
     }
 
 
