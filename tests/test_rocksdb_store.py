@@ -14,7 +14,9 @@ CACHE_BYTES = 1024 * 1024
 
 
 def test_all_databases_share_one_bounded_block_cache(tmp_path: Path) -> None:
-    settings = Settings(store="rocksdb://", data_dir=tmp_path, rocksdb_block_cache_bytes=CACHE_BYTES)
+    settings = Settings(
+        store="rocksdb://", data_dir=tmp_path, rocksdb_block_cache_bytes=CACHE_BYTES
+    )
     app = create_app(settings, role="pipeline")
     tables = [session_table(app, "sessions"), session_table(app, "batches")]
     stores = [table.data for table in tables]
