@@ -18,10 +18,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
-import faust
-from faust.types import TableT
+from faust.types import Message, TableT
 
 from agents.session_state import (
     Emission,
@@ -36,6 +35,7 @@ from agents.session_state import (
 from schemas import ActionsPayload, InvalidMessage, decode
 from streams import metrics
 from streams.app import ContextApp
+from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
 from streams.tables import (
     OwnedKeyCount,
@@ -54,7 +54,6 @@ __all__ = ["register"]
 log = logging.getLogger(__name__)
 
 BATCH_MAX = 500
-BATCH_WITHIN_S = 0.005
 
 
 def _decoded(raw: bytes | None) -> SessionState | None:
@@ -157,12 +156,11 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         for sid, e in emissions:
             await writes.send(out_topics[e.topic], sid, e.value)
 
-    async def apply_events(stream: Any, events: list[faust.EventT]) -> None:
+    async def apply_messages(messages: list[Message]) -> None:
         emissions: list[tuple[str, Emission]] = []
         now = time.time()
-        for event in events:
-            writes.track(stream, event)
-            message = event.message
+        for message in messages:
+            writes.track(source, message)
             try:
                 payload = decode(ActionsPayload, message.value)
             except InvalidMessage as exc:
@@ -193,17 +191,16 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         await emit(emissions)
         await writes.seal()
 
-    @app.agent(topics.actions, name="accumulate")
-    async def accumulate(stream: faust.StreamT[bytes]) -> None:
-        async for events in cast(faust.Stream[bytes], stream).noack_take(
-            BATCH_MAX, within=BATCH_WITHIN_S
-        ):
-            batch = cast(list[faust.EventT], events)
+    source = BatchSource(app, topics.actions)
+
+    @app.task
+    async def accumulate() -> None:
+        async for batch in source.batches(BATCH_MAX):
             try:
                 async with state_lock:
-                    await apply_events(stream, batch)
+                    await apply_messages(batch)
             except Exception as exc:  # a bug: stop rather than skip (nothing here is acked)
-                first = batch[0].message
+                first = batch[0]
                 await app.crash_on_lane_error(f"(batch from {first.tp}@{first.offset})", exc)
 
     async def close_session(sid: str, state: SessionState, now: float) -> None:

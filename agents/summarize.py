@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import faust
 import orjson
-from faust.types import TableT
+from faust.types import Message, TableT
 
 from agents.llm import LLMError
 from agents.offline import offline_summary
@@ -33,6 +32,7 @@ from schemas import (
 )
 from streams import changelog, metrics
 from streams.app import ContextApp
+from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes
 from streams.tables import owned_items, session_table
@@ -126,10 +126,9 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         await fut
 
     async def give_up(
-        event: faust.EventT, request: SummarizeRequest, state: SummaryState, error: LLMError
+        message: Message, request: SummarizeRequest, state: SummaryState, error: LLMError
     ) -> None:
         """Keep the raw context, record the failure, and carry the actions forward."""
-        message = event.message
         await dead_letters.write_letter(
             DeadLetter(
                 reason=f"summarize failed after the retry budget: {error}",
@@ -157,7 +156,6 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
 
     async def handle(session_id: str, item: tuple[Any, SummarizeRequest]) -> None:
         ticket, request = item
-        event = ticket.event
         state = load(session_id, request.generation)
         if state is None or request.seq_to <= state.covered_to:
             metrics.REPLAYS_SKIPPED.labels("summarize").inc()
@@ -167,7 +165,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         try:
             text = await summarizer.summarize(state.summary, payloads)
         except LLMError as exc:
-            await give_up(event, request, state, exc)
+            await give_up(ticket.message, request, state, exc)
         else:
             await emit_summary(request, state, text)
             state.summary, state.covered_to = text, request.seq_to
@@ -185,18 +183,20 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
     # Lanes finish out of order; Faust must see acks in offset order (see InOrderAcks).
     acks = InOrderAcks()
 
-    @app.agent(topics.summarize, name="summarize")
-    async def summarize(stream: faust.StreamT[bytes]) -> None:
-        manual = cast(faust.Stream[bytes], stream).noack()
-        async for event in manual.events():
-            ticket = acks.track(manual, event)
-            try:
-                request = decode(SummarizeRequest, event.message.value)
-            except InvalidMessage as exc:
-                await dead_letters.write(event.message, exc.reason)
-                await acks.done(ticket)
-                continue
-            await lanes.submit(request.session_id, (ticket, request))
+    source = BatchSource(app, topics.summarize)
+
+    @app.task
+    async def summarize() -> None:
+        async for batch in source.batches():
+            for message in batch:
+                ticket = acks.track(source, message)
+                try:
+                    request = decode(SummarizeRequest, message.value)
+                except InvalidMessage as exc:
+                    await dead_letters.write(message, exc.reason)
+                    await acks.done(ticket)
+                    continue
+                await lanes.submit(request.session_id, (ticket, request))
 
     @app.timer(max(settings.idle_timeout_s, 1.0), name="summarize.expire_idle")
     async def expire_idle_summaries() -> None:

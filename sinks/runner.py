@@ -13,10 +13,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
-import faust
-from faust.types import TableT
+from faust.types import Message, TableT
 from faust.web import Request, Response, View
 from tenacity import (
     AsyncRetrying,
@@ -31,6 +30,7 @@ from sinks.context import Skip
 from sinks.context_store import ContextStore, Written
 from streams import changelog, metrics
 from streams.app import ContextApp
+from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes
 from streams.tables import session_table
@@ -95,7 +95,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             with attempt:
                 await call()
 
-    async def apply_operation(session_id: str, event: faust.EventT, op: Operation) -> Written:
+    async def apply_operation(session_id: str, message: Message, op: Operation) -> Written:
         before = store.load(session_id)
         try:
             context = before.advanced(op)
@@ -107,7 +107,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             await deliver(lambda: sink.apply(op, context))
         except PermanentSinkError as exc:
             outcome = "refused"
-            await dead_letters.write(event.message, f"{sink.name} refused {op.op}: {exc}")
+            await dead_letters.write(message, f"{sink.name} refused {op.op}: {exc}")
         written = await store.save(before, context)
         metrics.SINK_OPERATIONS.labels(sink.name, op.op, outcome).inc()
         metrics.END_TO_END.labels(sink.name).observe(max(time.time() - op.emitted_at, 0.0))
@@ -119,24 +119,24 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
                 )
         return written
 
-    async def apply_link(session_id: str, event: faust.EventT, link: SessionLink) -> Written:
+    async def apply_link(session_id: str, message: Message, link: SessionLink) -> Written:
         assert isinstance(sink, LinkAwareSink)
         before = store.load(session_id)
         context = before.model_copy(deep=True)  # the sink may change its ``extra``
         try:
             await deliver(lambda: sink.link(session_id, link.conversation_id, context))
         except PermanentSinkError as exc:
-            await dead_letters.write(event.message, f"{sink.name} refused link: {exc}")
+            await dead_letters.write(message, f"{sink.name} refused link: {exc}")
         return await store.save(before, context)
 
     acks = InOrderAcks()  # lanes finish out of order; Faust must see acks in offset order
 
     async def handle(session_id: str, item: LaneItem) -> None:
-        tracked, message = item
-        if isinstance(message, SessionLink):
-            written = await apply_link(session_id, tracked.event, message)
+        tracked, decoded = item
+        if isinstance(decoded, SessionLink):
+            written = await apply_link(session_id, tracked.message, decoded)
         else:
-            written = await apply_operation(session_id, tracked.event, message)
+            written = await apply_operation(session_id, tracked.message, decoded)
         await changelog.confirm(written)  # the context is durable ...
         await acks.done(tracked)  # ... only now may Faust commit past this offset
 
@@ -144,27 +144,30 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
     )
 
-    async def consume(stream: faust.StreamT[bytes], decode: Callable[[bytes | None], Any]) -> None:
-        manual = cast(faust.Stream[bytes], stream).noack()
-        async for event in manual.events():
-            tracked = acks.track(manual, event)
-            try:
-                message = decode(event.message.value)
-            except InvalidMessage as exc:
-                await dead_letters.write(event.message, exc.reason)
-                await acks.done(tracked)
-                continue
-            await lanes.submit(message.session_id, (tracked, message))
+    async def consume(source: BatchSource, decode: Callable[[bytes | None], Any]) -> None:
+        async for batch in source.batches():
+            for message in batch:
+                tracked = acks.track(source, message)
+                try:
+                    decoded = decode(message.value)
+                except InvalidMessage as exc:
+                    await dead_letters.write(message, exc.reason)
+                    await acks.done(tracked)
+                    continue
+                await lanes.submit(decoded.session_id, (tracked, decoded))
 
-    @app.agent(topics.context, name=f"sink-{sink.name}")
-    async def run_sink(stream: faust.StreamT[bytes]) -> None:
-        await consume(stream, _decode)
+    operations = BatchSource(app, topics.context)
+
+    @app.task
+    async def run_sink() -> None:
+        await consume(operations, _decode)
 
     if isinstance(sink, LinkAwareSink):
+        links = BatchSource(app, topics.links)
 
-        @app.agent(topics.links, name=f"sink-{sink.name}-links")
-        async def run_links(stream: faust.StreamT[bytes]) -> None:
-            await consume(stream, lambda raw: decode(SessionLink, raw))
+        @app.task
+        async def run_links() -> None:
+            await consume(links, lambda raw: decode(SessionLink, raw))
 
     @app.page("/sessions/{session_id}/context")
     @app.table_route(table=contexts, match_info="session_id")

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 import faust
@@ -46,7 +46,7 @@ from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer, ensure_TP
 from faust.types import TP, Message
 
-__all__ = ["apply"]
+__all__ = ["apply", "divert", "diverted_topics"]
 
 PATCHED_VERSION = "0.15.3"
 
@@ -132,13 +132,33 @@ async def _perform_seek(self: Consumer) -> None:
         self._ac_seek_epoch += 1  # type: ignore[attr-defined]
 
 
+# Topics whose records skip Faust's per-message delivery (``streams.batch_source``).
+_diverted: dict[str, Callable[[Consumer, TP, Message], None]] = {}
+
+
+def divert(topic: str, take: Callable[[Consumer, TP, Message], None]) -> None:
+    """Hand ``topic``'s records to ``take`` as the consumer fetches them."""
+    _diverted[topic] = take
+
+
+def diverted_topics() -> set[str]:
+    return set(_diverted)
+
+
 async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
-    """Faust's getmany, not delivering a batch fetched before or during a seek."""
+    """Faust's getmany, not delivering a batch fetched before or during a seek;
+    records of diverted topics go to their taker instead of the conductor."""
     epoch = getattr(self, "_ac_seek_epoch", 0)
+    read_offset = self._read_offset
     async for tp, message in _original_getmany(self, timeout):
         if getattr(self, "_ac_seek_epoch", 0) != epoch:
             break  # the rest of this batch may predate the seek
-        yield tp, message
+        take = _diverted.get(tp.topic)
+        if take is None:
+            yield tp, message
+        else:
+            take(self, tp, message)
+            read_offset[tp] = message.offset
     if getattr(self, "_ac_seek_epoch", 0) != epoch:
         # A seek ran while this batch was fetched or delivered. Faust may also have
         # dropped some of its records (for partitions it deems inactive) after the

@@ -21,6 +21,7 @@ from typing import Any
 import faust
 from faust.types import TP
 
+from streams import faust_patches
 from streams.metrics import CONSUMER_LAG
 
 __all__ = ["LagTracker", "register_lag", "worker_status"]
@@ -31,8 +32,10 @@ DEFAULT_INTERVAL_S = 5.0
 
 
 def input_topics(app: faust.App) -> set[str]:
-    """The topics this app's agents consume (not table changelogs, not Faust internals)."""
-    return {name for agent in app.agents.values() for name in agent.get_topic_names()}
+    """The topics this app's agents and batch sources consume (not table changelogs,
+    not Faust internals)."""
+    agents = {name for agent in app.agents.values() for name in agent.get_topic_names()}
+    return agents | faust_patches.diverted_topics()
 
 
 def assigned_inputs(app: faust.App) -> list[TP]:

@@ -120,10 +120,10 @@ class Lanes(Generic[T]):
 
 
 class _Ticket:
-    __slots__ = ("done", "event", "stream")
+    __slots__ = ("done", "message", "source")
 
-    def __init__(self, stream: Any, event: Any) -> None:
-        self.stream, self.event, self.done = stream, event, False
+    def __init__(self, source: Any, message: Any) -> None:
+        self.source, self.message, self.done = source, message, False
 
 
 class InOrderAcks:
@@ -139,21 +139,22 @@ class InOrderAcks:
     Holding back acks until every earlier offset of the partition is done keeps
     Faust's acked list gap-free, so the commit never passes work in flight.
 
-    ``track`` every event in the order the stream yields it (offset order per
-    partition), then call ``done`` when its work is finished (or skipped).
+    ``track`` every message in the order its source yields it (offset order per
+    partition), then call ``done`` when its work is finished (or skipped); the
+    source (a ``BatchSource``) is asked to ``ack`` it when all before it are done.
     """
 
     def __init__(self) -> None:
         self._pending: defaultdict[Any, deque[_Ticket]] = defaultdict(deque)
 
-    def track(self, stream: Any, event: Any) -> _Ticket:
-        ticket = _Ticket(stream, event)
-        self._pending[event.message.tp].append(ticket)
+    def track(self, source: Any, message: Any) -> _Ticket:
+        ticket = _Ticket(source, message)
+        self._pending[message.tp].append(ticket)
         return ticket
 
     async def done(self, ticket: _Ticket) -> None:
         ticket.done = True
-        queue = self._pending[ticket.event.message.tp]
+        queue = self._pending[ticket.message.tp]
         while queue and queue[0].done:
             head = queue.popleft()
-            await head.stream.ack(head.event)
+            await head.source.ack(head.message)

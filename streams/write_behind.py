@@ -8,10 +8,10 @@ broker's acknowledgement before every table write, stalls the agent for a
 round trip per batch. Here the agent goes on with the next batch at once:
 
 - reads see the newest value (an overlay holds writes not yet applied);
-- each sealed unit (messages, table writes, input events to acknowledge) is
+- each sealed unit (messages, table writes, input records to acknowledge) is
   completed in order, in two pipelined stages: when the broker has acknowledged
   its messages, its table writes are applied and sent to the changelog; when
-  the broker has those too, its input events are acknowledged (so the commit
+  the broker has those too, its input records are acknowledged (so the commit
   never passes them first).
 
 Table writes go straight to the changelog (``streams.changelog``).
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 class _Unit:
     acks: list[Awaitable[Any]] = field(default_factory=list)  # broker acknowledgements
     writes: list[tuple[TableT[str, bytes], str, bytes | None, int]] = field(default_factory=list)
-    events: list[tuple[Any, faust.EventT]] = field(default_factory=list)  # (stream, event)
+    inputs: list[tuple[Any, Any]] = field(default_factory=list)  # (source, record) to ack
     changelog: list[tuple[TableT[str, bytes], Awaitable[Any]]] = field(default_factory=list)
 
 
@@ -92,14 +92,15 @@ class WriteBehind:
         ack = await self._app.producer.send(topic, key.encode(), value, None, None, None)
         self._unit.acks.append(ack)
 
-    def track(self, stream: Any, event: faust.EventT) -> None:
-        """Acknowledge ``event`` when the current unit completes."""
-        self._unit.events.append((stream, event))
+    def track(self, source: Any, record: Any) -> None:
+        """``await source.ack(record)`` when the current unit completes
+        (a ``BatchSource`` and its message, or a Faust stream and its event)."""
+        self._unit.inputs.append((source, record))
 
     async def seal(self) -> None:
         """End the current unit: its writes and acks happen after its messages are acked."""
         unit, self._unit = self._unit, _Unit()
-        if not (unit.acks or unit.writes or unit.events):
+        if not (unit.acks or unit.writes or unit.inputs):
             return
         if not self._tasks or any(t.done() for t in self._tasks):
             self._tasks = [
@@ -138,5 +139,5 @@ class WriteBehind:
     async def _acknowledge(self, unit: _Unit) -> None:
         """Stage 2: the unit's changelog records are in; acknowledge its input."""
         await changelog.confirm(unit.changelog)
-        for stream, event in unit.events:
-            await stream.ack(event)
+        for source, record in unit.inputs:
+            await source.ack(record)
