@@ -152,12 +152,20 @@ def faust_worker(module: str, port: int) -> list[str]:
     ]
 
 
-def bench_faust_floor(env: dict[str, str], messages: int, actions: int, port: int) -> float:
-    """(a') a no-op Faust agent over the same topic: Faust's per-message delivery alone."""
+def bench_faust_floor(
+    env: dict[str, str], messages: int, actions: int, port: int, mode: str
+) -> float:
+    """A consumer doing nothing with the same topic (scripts/bench_floor.py):
+    ``agent``, Faust's per-message delivery (a'); ``batch``, our BatchSource (a'')."""
     proc = subprocess.run(
         faust_worker("scripts.bench_floor", port),
         cwd=ROOT,
-        env={**os.environ, **env, "BENCH_FLOOR_MESSAGES": str(messages)},
+        env={
+            **os.environ,
+            **env,
+            "BENCH_FLOOR_MESSAGES": str(messages),
+            "BENCH_FLOOR_MODE": mode,
+        },
         capture_output=True,
         timeout=900,
         check=False,
@@ -369,9 +377,12 @@ async def bench_pipeline(
     )
     cl_bytes = changelog_bytes(kafka_data / "logs", env["AC_APP_ID"])
     print("(a') a no-op Faust agent over the same topic ...")
-    floor = bench_faust_floor(env, len(payloads), actions, args.port + 5)
+    floor = bench_faust_floor(env, len(payloads), actions, args.port + 5, "agent")
+    print("(a'') a no-op BatchSource over the same topic ...")
+    batch_floor = bench_faust_floor(env, len(payloads), actions, args.port + 6, "batch")
     return {
         "faust_floor_rate": floor,
+        "batch_floor_rate": batch_floor,
         "accumulate_rate": actions / (t_accumulated - start),
         "end_to_end_rate": actions / (t_applied - start),
         "cpu_us_per_action": [seconds * 1e6 / actions for seconds in cpu],
@@ -645,6 +656,10 @@ async def main_async(args: argparse.Namespace) -> None:
         f"{chr(40) + 'a' + chr(39) + ') no-op Faust agent (framework floor)':<44} "
         f"{ours['faust_floor_rate']:>12,.0f} actions/s"
     )
+    print(
+        f"{chr(40) + 'a' + chr(39) * 2 + ') no-op BatchSource (our delivery floor)':<44} "
+        f"{ours['batch_floor_rate']:>12,.0f} actions/s"
+    )
     print(f"{'(b) in-process SDK (no durability)':<44} {sdk_rate:>12,.0f} actions/s")
     print(
         f"{'(c) pipeline: accumulate (actions in)':<44} {ours['accumulate_rate']:>12,.0f} actions/s"
@@ -660,6 +675,11 @@ async def main_async(args: argparse.Namespace) -> None:
         f"c/a' = {ours['end_to_end_rate'] / ours['faust_floor_rate']:.2f}   "
         f"a'/b = {ours['faust_floor_rate'] / sdk_rate:.2f}   "
         "(what Faust's delivery alone allows against the SDK)"
+    )
+    print(
+        f"c/a'' = {ours['end_to_end_rate'] / ours['batch_floor_rate']:.2f}   "
+        f"a''/b = {ours['batch_floor_rate'] / sdk_rate:.2f}   "
+        "(the same for our batch delivery)"
     )
     print(
         f"latency at {args.rate:,.0f} actions/s offered: p50 <= {latency['p50_le_s'] * 1000:.0f} ms, "
