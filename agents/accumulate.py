@@ -128,8 +128,16 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         max_pending_bytes=MESSAGE_MAX_BYTES // 2,
     )
     sessions = session_table(app, "sessions")
-    writes = WriteBehind(app, on_error=app.crash_on_lane_error)
-    store = _TableBatches(batch_table(app, "batches"), writes)
+    batches = batch_table(app, "batches")
+
+    def phase_of(table: TableT[str, bytes], value: bytes | None) -> int:
+        """New batches, then the session entries that refer to them, then deletions."""
+        if table is batches:
+            return 0 if value is not None else 2
+        return 1
+
+    writes = WriteBehind(app, on_error=app.crash_on_lane_error, phase_of=phase_of)
+    store = _TableBatches(batches, writes)
     # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).
     active = OwnedKeyCount(app, sessions, topics.actions, lambda: writes.pending(sessions))
     metrics.ACTIVE_SESSIONS.set_function(active)
@@ -191,7 +199,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         await emit(emissions)
         await writes.seal()
 
-    source = BatchSource(app, topics.actions)
+    source = BatchSource(app, topics.actions, max_buffered=settings.batch_buffer)
 
     @app.task
     async def accumulate() -> None:

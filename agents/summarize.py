@@ -183,7 +183,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
     # Lanes finish out of order; Faust must see acks in offset order (see InOrderAcks).
     acks = InOrderAcks()
 
-    source = BatchSource(app, topics.summarize)
+    source = BatchSource(app, topics.summarize, max_buffered=settings.batch_buffer)
 
     @app.task
     async def summarize() -> None:

@@ -156,14 +156,14 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
                     continue
                 await lanes.submit(decoded.session_id, (tracked, decoded))
 
-    operations = BatchSource(app, topics.context)
+    operations = BatchSource(app, topics.context, max_buffered=settings.batch_buffer)
 
     @app.task
     async def run_sink() -> None:
         await consume(operations, _decode)
 
     if isinstance(sink, LinkAwareSink):
-        links = BatchSource(app, topics.links)
+        links = BatchSource(app, topics.links, max_buffered=settings.batch_buffer)
 
         @app.task
         async def run_links() -> None:

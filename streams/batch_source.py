@@ -27,7 +27,7 @@ import faust
 from faust.transport.consumer import Consumer
 from faust.types import TP, Message
 
-from streams import faust_patches
+from streams import faust_patches, metrics
 
 __all__ = ["BatchSource"]
 
@@ -56,6 +56,7 @@ class BatchSource:
         if len(self._buffer) >= self.max_buffered and tp not in self._paused:
             self._paused.add(tp)
             consumer.on_buffer_full(tp)
+            metrics.FETCH_PAUSES.labels(tp.topic).inc()
 
     def clear(self) -> None:
         """Drop what is buffered: revoked, it is fetched again by its next owner."""

@@ -16,6 +16,11 @@ ROCKSDB_MEMORY = Gauge(
     "RocksDB's own memory in this worker (block cache, memtables, table readers)",
     ["kind"],
 )
+FETCH_PAUSES = Counter(
+    "ac_fetch_pauses_total",
+    "Partitions paused because the worker's batch buffer was full",
+    ["topic"],
+)
 SESSIONS_EXPIRED = Counter("ac_sessions_expired_total", "Idle sessions closed and expired")
 DEAD_LETTERS = Counter(
     "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]

@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     format_actions: str | None = None  # dotted path to (list[ActionsPayload]) -> str
     summary_max_chars: int = Field(default=1500, ge=50)
     max_in_flight_requests: int = Field(default=2000, ge=1)
+    # Records a worker buffers per input topic before pausing fetching (streams/batch_source.py).
+    batch_buffer: int = Field(default=4096, ge=1)
 
     # Sinks
     sink: str = "files"  # a built-in name, an entry point name, or "pkg.mod:factory"

@@ -15,6 +15,7 @@ from schemas import ActionsPayload
 from sinks.files import context_file
 from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.support.cluster import metric, scrape
 from tests.support.pipeline import (
     Pipeline,
     batches_by_session,
@@ -200,6 +201,27 @@ async def test_rocksdb_state_survives_kill9_and_restart(
 
         check_operation_log(pipe, payloads, threshold)
         await wait_for_context_files(pipe, payloads)
+
+
+async def test_a_full_batch_buffer_pauses_fetching_and_loses_nothing(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    """``AC_BATCH_BUFFER=4``: every worker's BatchSource fills at once, pauses its
+    partitions and resumes them many times; the result is still exactly right."""
+    threshold = 6
+    payloads = list(interleaved_payloads(plan_sessions(30, mean_length=20, seed=8), seed=8))
+    async with FakeOpenAIServer() as llm:
+        env = llm_env(worker_env, llm, threshold, AC_BATCH_BUFFER="4")
+        pipe = Pipeline(env, tmp_path, workers)
+        started = [pipe.start_pipeline(), pipe.start_sink("files"), pipe.start_sink(RECORDER)]
+        await asyncio.gather(*(w.wait_ready() for w in started))
+        await produce(pipe.env, payloads)  # all at once: a backlog for every worker
+        await wait_until_summarised(pipe, payloads, threshold, timeout=240)
+
+        check_operation_log(pipe, payloads, threshold)
+        await wait_for_context_files(pipe, payloads)
+        pauses = metric(await scrape(started[0].url), "ac_fetch_pauses_total")
+        assert pauses > 0, "the pipeline never paused: the buffer bound was not exercised"
 
 
 async def test_llm_calls_overlap_across_sessions_never_within_one(
