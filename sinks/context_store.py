@@ -11,7 +11,6 @@ confirms them before it acknowledges the operation.
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import Any
@@ -85,14 +84,16 @@ class ContextStore:
 
     async def save(self, before: SessionContext, after: SessionContext) -> Written:
         """Write the difference from ``before`` to ``after``: new batches, then the
-        header, then deletions, each step durable before the next.
+        header, then deletions.
 
-        Fix (found with the accumulator's twin, a kill -9 between writes): records to
-        different partitions become durable in any order, so deleting batches before
-        the header stopped listing them could leave a header whose first batch is
-        gone, and ``load`` then dropped every batch after it. In this order any
-        prefix that survives a crash is a consistent context; at worst batch
-        entries nothing refers to any more stay behind (only after a crash).
+        Fix (found with the accumulator's twin, a kill -9 between writes): deleting
+        batches before the header stopped listing them could leave a header whose
+        first batch is gone, and ``load`` then dropped every batch after it. A
+        session's header and batches share one changelog partition (the table is
+        keyed by session), where a crash can only lose a suffix of the records, and
+        the local store applies them in order; so in this order whatever survives
+        is a consistent context. At worst, batch entries nothing refers to any more
+        stay behind (only after a crash).
         """
         sid = after.session_id
         same_generation = before.generation == after.generation
@@ -103,22 +104,15 @@ class ContextStore:
         async def put(key: str, value: bytes | None) -> None:
             written.append((self._table, await changelog.write(self._app, self._table, key, value)))
 
-        async def durable() -> None:
-            await asyncio.gather(*(ack for _, ack in written))
-
         new = [b for b in after.batches if b.seq_from not in had or not same_generation]
         for batch in new:
             await put(batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__))
         deleted = sorted(had - kept - {b.seq_from for b in new})
-        if new:
-            await durable()
         header = {k: v for k, v in after.__dict__.items() if k != "batches"}
         header["first_batch"] = after.batches[0].seq_from if after.batches else 0
         await put(sid, orjson.dumps(header))
-        if deleted:
-            await durable()
-            for seq in deleted:
-                await put(batch_key(sid, seq), None)
+        for seq in deleted:
+            await put(batch_key(sid, seq), None)
         if self._generation == self._app.consumer_generation_id:
             self._remember(after)
         return written
