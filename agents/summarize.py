@@ -24,7 +24,6 @@ from agents.summarizers import Summarizer
 from schemas import (
     ActionsPayload,
     DeadLetter,
-    InvalidMessage,
     SummarizeRequest,
     SummaryReady,
     decode,
@@ -34,7 +33,7 @@ from streams import changelog, metrics
 from streams.app import ContextApp
 from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
-from streams.lanes import InOrderAcks, Lanes
+from streams.lanes import InOrderAcks, Lanes, feed_lanes
 from streams.tables import owned_items, session_table
 from streams.topics import MESSAGE_MAX_BYTES, Topics
 
@@ -187,16 +186,9 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
 
     @app.task
     async def summarize() -> None:
-        async for batch in source.batches():
-            for message in batch:
-                ticket = acks.track(source, message)
-                try:
-                    request = decode(SummarizeRequest, message.value)
-                except InvalidMessage as exc:
-                    await dead_letters.write(message, exc.reason)
-                    await acks.done(ticket)
-                    continue
-                await lanes.submit(request.session_id, (ticket, request))
+        await feed_lanes(
+            source, lanes, acks, lambda raw: decode(SummarizeRequest, raw), dead_letters.write
+        )
 
     @app.timer(max(settings.idle_timeout_s, 1.0), name="summarize.expire_idle")
     async def expire_idle_summaries() -> None:

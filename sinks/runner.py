@@ -32,7 +32,7 @@ from streams import changelog, metrics
 from streams.app import ContextApp
 from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
-from streams.lanes import InOrderAcks, Lanes
+from streams.lanes import InOrderAcks, Lanes, feed_lanes
 from streams.tables import batch_table
 from streams.topics import Topics
 
@@ -145,30 +145,20 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
     )
 
-    async def consume(source: BatchSource, decode: Callable[[bytes | None], Any]) -> None:
-        async for batch in source.batches():
-            for message in batch:
-                tracked = acks.track(source, message)
-                try:
-                    decoded = decode(message.value)
-                except InvalidMessage as exc:
-                    await dead_letters.write(message, exc.reason)
-                    await acks.done(tracked)
-                    continue
-                await lanes.submit(decoded.session_id, (tracked, decoded))
-
     operations = BatchSource(app, topics.context, max_buffered=settings.batch_buffer)
 
     @app.task
     async def run_sink() -> None:
-        await consume(operations, _decode)
+        await feed_lanes(operations, lanes, acks, _decode, dead_letters.write)
 
     if isinstance(sink, LinkAwareSink):
         links = BatchSource(app, topics.links, max_buffered=settings.batch_buffer)
 
         @app.task
         async def run_links() -> None:
-            await consume(links, lambda raw: decode(SessionLink, raw))
+            await feed_lanes(
+                links, lanes, acks, lambda raw: decode(SessionLink, raw), dead_letters.write
+            )
 
     @app.page("/sessions/{session_id}/context")
     @app.table_route(table=contexts, match_info="session_id")

@@ -17,7 +17,9 @@ from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["InOrderAcks", "LaneFailed", "Lanes"]
+from schemas import InvalidMessage
+
+__all__ = ["InOrderAcks", "LaneFailed", "Lanes", "feed_lanes"]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -158,3 +160,25 @@ class InOrderAcks:
         while queue and queue[0].done:
             head = queue.popleft()
             await head.source.ack(head.message)
+
+
+async def feed_lanes(
+    source: Any,
+    lanes: Lanes[tuple[Any, Any]],
+    acks: InOrderAcks,
+    decode: Callable[[bytes | None], Any],
+    on_invalid: Callable[[Any, str], Awaitable[None]],
+) -> None:
+    """Each record of ``source`` (a ``BatchSource``), decoded, into its session's lane
+    with its ``acks`` ticket; one that does not decode goes to ``on_invalid`` (the
+    record and why) and is acknowledged at once."""
+    async for batch in source.batches():
+        for message in batch:
+            ticket = acks.track(source, message)
+            try:
+                decoded = decode(message.value)
+            except InvalidMessage as exc:
+                await on_invalid(message, exc.reason)
+                await acks.done(ticket)
+                continue
+            await lanes.submit(decoded.session_id, (ticket, decoded))
