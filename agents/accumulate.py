@@ -7,9 +7,11 @@ not wait for that, it goes on with the next batch). A crash in between replays
 the payload with the old state, which re-emits the same sequence numbers; every
 downstream stage skips what it already applied.
 
-Two tables: ``sessions`` (one small entry per session) and ``batches`` (each
-un-summarised batch once, under ``<session>/<index>``), so the changelog grows
-by O(1) per action.
+One table, keyed by session: a small entry per session under its id, and
+each un-summarised batch once under ``batch_key(session, index)``, so the
+changelog grows by O(1) per action, and all of a session's records are on one
+changelog partition in the order they were written (``WriteBehind``'s
+crash-consistent order relies on that).
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ from streams.app import ContextApp
 from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
 from streams.tables import (
+    KEY_SEPARATOR,
     OwnedKeyCount,
     ScanPacer,
     batch_key,
-    batch_table,
     owned_items,
     owned_partitions,
-    session_table,
+    session_keyed_table,
 )
 from streams.topics import MESSAGE_MAX_BYTES, Topics
 from streams.write_behind import WriteBehind
@@ -81,7 +83,7 @@ def _oversized(state: bytes, out: list[Emission]) -> str | None:
 
 
 class _TableBatches:
-    """The ``BatchStore`` of the session transitions, over the ``batches`` table.
+    """The ``BatchStore`` of the session transitions, over the sessions table.
 
     Changes are staged until ``commit``: a payload that is dead-lettered after
     its transition ran must leave the store as it was (``discard``).
@@ -127,17 +129,16 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         debounce_max_ms=settings.debounce_max_ms,
         max_pending_bytes=MESSAGE_MAX_BYTES // 2,
     )
-    sessions = session_table(app, "sessions")
-    batches = batch_table(app, "batches")
+    sessions = session_keyed_table(app, "sessions")
 
-    def phase_of(table: TableT[str, bytes], value: bytes | None) -> int:
+    def order_of(key: str, value: bytes | None) -> int:
         """New batches, then the session entries that refer to them, then deletions."""
-        if table is batches:
+        if KEY_SEPARATOR in key:
             return 0 if value is not None else 2
         return 1
 
-    writes = WriteBehind(app, on_error=app.crash_on_lane_error, phase_of=phase_of)
-    store = _TableBatches(batches, writes)
+    writes = WriteBehind(app, on_error=app.crash_on_lane_error, order_of=order_of)
+    store = _TableBatches(sessions, writes)
     # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).
     active = OwnedKeyCount(app, sessions, topics.actions, lambda: writes.pending(sessions))
     metrics.ACTIVE_SESSIONS.set_function(active)

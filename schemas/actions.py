@@ -7,7 +7,9 @@ the same values and renders to the same text. Two deliberate differences:
 * a payload without a ``session_id`` is rejected: the SDK pools such payloads
   into one shared ``"unknown"`` session, which mixes unrelated users;
 * mistyped fields (a string where a number belongs, an object where text
-  belongs) are rejected with the field named, instead of being carried along.
+  belongs) are rejected with the field named, instead of being carried along;
+* a ``session_id`` holding U+001F is rejected: that control character joins a
+  session id and an index in the state tables' keys (``streams.tables``).
 """
 
 from __future__ import annotations
@@ -93,6 +95,13 @@ class ActionsPayload(BaseModel):
         if fixed.get("actions") is None:
             fixed["actions"] = []
         return fixed
+
+    @field_validator("session_id")
+    @classmethod
+    def _no_key_separator(cls, value: str) -> str:
+        if "\x1f" in value:
+            raise ValueError("session_id must not contain U+001F (it separates table keys)")
+        return value
 
     @model_validator(mode="after")
     def _count_is_len_actions(self) -> Self:

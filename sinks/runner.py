@@ -33,7 +33,7 @@ from streams.app import ContextApp
 from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
-from streams.tables import batch_table
+from streams.tables import session_keyed_table
 from streams.topics import Topics
 
 __all__ = ["register"]
@@ -59,7 +59,7 @@ def _decode(raw: bytes | None) -> Operation:
 def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, bytes]:
     settings = app.settings
     # Headers and batches of a session on one changelog partition: see ContextStore.save.
-    contexts = batch_table(app, "contexts")
+    contexts = session_keyed_table(app, "contexts")
     dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
 
     store = ContextStore(app, contexts)

@@ -27,9 +27,10 @@ __all__ = [
     "OwnedKeyCount",
     "ScanPacer",
     "batch_key",
-    "batch_table",
+    "is_session_key",
     "owned_items",
     "owned_partitions",
+    "session_keyed_table",
     "session_of",
     "session_table",
 ]
@@ -38,8 +39,9 @@ SCAN_YIELD_EVERY = 500  # entries between yields to the event loop while scannin
 
 log = logging.getLogger(__name__)
 
-# Between the session id and the index in a compound key. The index (digits)
-# comes last, so splitting at the last separator is right whatever the id holds.
+# Between the session id and the index in a compound key. Session ids may not
+# contain it (``schemas.actions`` rejects them), so a key is a session's own
+# entry exactly when it has no separator.
 KEY_SEPARATOR = "\x1f"
 
 
@@ -48,7 +50,14 @@ def batch_key(session_id: str, index: int) -> str:
 
 
 def session_of(key: str) -> str:
-    return key.rsplit(KEY_SEPARATOR, 1)[0]
+    return key.partition(KEY_SEPARATOR)[0]
+
+
+def is_session_key(key: str | bytes) -> bool:
+    """Whether ``key`` is a session's own entry, not one of its ``batch_key`` entries."""
+    if isinstance(key, bytes):
+        return b"\x1f" not in key
+    return KEY_SEPARATOR not in key
 
 
 class _RawTable(faust.Table):
@@ -96,8 +105,10 @@ def _partition_of(key: str | bytes, partitions: int) -> int:
 
 
 class _SessionKeyedTable(_RawTable):
-    """Compound keys (``batch_key``) on the partition of their session, so each
-    worker holds (and recovers) exactly the entries of the sessions it owns."""
+    """A session's entry and its compound keys (``batch_key``) on the partition of
+    the session, so each worker holds (and recovers) exactly the entries of the
+    sessions it owns, and all of a session's changelog records are on one
+    partition, in the order they were written."""
 
     def partition_for_key(self, key: Any) -> int:
         return super().partition_for_key(session_of(key))
@@ -108,8 +119,9 @@ def session_table(app: ContextApp, name: str) -> faust.Table:
     return _declare(app, _RawTable, name)
 
 
-def batch_table(app: ContextApp, name: str) -> faust.Table:
-    """A table keyed by ``batch_key(session_id, n)``, on the session's partition."""
+def session_keyed_table(app: ContextApp, name: str) -> faust.Table:
+    """A table of session entries (keyed by session id) and their ``batch_key``
+    entries, all on the session's partition."""
     return _declare(app, _SessionKeyedTable, name)
 
 
@@ -173,7 +185,8 @@ def owned_partitions(app: faust.App, topic: faust.TopicT) -> set[int]:
 async def owned_items(
     app: faust.App, table: faust.Table, topic: faust.TopicT
 ) -> AsyncIterator[tuple[str, bytes]]:
-    """The entries of ``table`` on partitions of ``topic`` this worker owns, for timers.
+    """The session entries of ``table`` on partitions of ``topic`` this worker owns,
+    for timers (``batch_key`` entries are skipped).
 
     A scan of every session must neither stall the worker (it yields to the
     event loop every few hundred entries) nor copy the table: a RocksDB store
@@ -188,6 +201,8 @@ async def owned_items(
     for n, (key, value) in enumerate(entries, 1):
         if n % SCAN_YIELD_EVERY == 0:
             await asyncio.sleep(0)
+        if not is_session_key(key):
+            continue
         if isinstance(key, bytes):  # a RocksDB store may hand back raw key bytes
             key = key.decode("utf-8")
         if table.partition_for_key(key) in owned:  # else: stale, another worker owns it now
@@ -229,7 +244,8 @@ class ScanPacer:
 
 
 class OwnedKeyCount:
-    """How many keys ``table`` holds on this worker's partitions of ``topic``: a gauge.
+    """How many session entries ``table`` holds on this worker's partitions of
+    ``topic``: a gauge (``batch_key`` entries are not counted).
 
     Counting at scrape time walked the whole table, and cached every key's
     partition: at 300k sessions a scrape took seconds of the event loop and the
@@ -278,12 +294,14 @@ class OwnedKeyCount:
         if isinstance(store, RocksDBStore):
             for partition in partitions:
                 db = store._dbs.get(partition)
-                counts[partition] = 0 if db is None else sum(1 for _ in db.keys())
+                counts[partition] = 0 if db is None else sum(map(is_session_key, db.keys()))
         else:
             for key in store.keys():
-                if (partition := self._partition(key)) in counts:
+                if is_session_key(key) and (partition := self._partition(key)) in counts:
                     counts[partition] += 1
         for key, will_exist in self.pending():
+            if not is_session_key(key):
+                continue
             if (partition := self._partition(key)) in counts:
                 counts[partition] += will_exist - (changelog.read(self.table, key) is not None)
         return counts

@@ -81,7 +81,10 @@ def payloads(draw: st.DrawFn) -> dict[str, Any]:
             conversation_id=maybe_text,
         )
     )
-    body["session_id"] = draw(st.text(min_size=1, max_size=30))
+    # Any id but one holding U+001F (rejected: test_bad_input_is_rejected_with_a_reason).
+    body["session_id"] = draw(
+        st.text(st.characters(blacklist_characters="\x1f"), min_size=1, max_size=30)
+    )
     return body
 
 
@@ -161,6 +164,7 @@ def test_json_round_trip_keeps_every_field() -> None:
         (b'{"session_id": "s", "actions": [{"index": "third"}]}', "actions.0.index"),
         (b'{"session_id": "s", "actions": [{"title": {"x": 1}}]}', "actions.0.title"),
         (b'{"session_id": "s", "actions": "many"}', "actions"),
+        (b'{"session_id": "a\\u001fb", "actions": []}', "must not contain U+001F"),
     ],
 )
 def test_bad_input_is_rejected_with_a_reason(raw: bytes, reason: str) -> None:
