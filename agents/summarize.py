@@ -98,6 +98,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
     settings = app.settings
     table = session_table(app, "summaries")
     dead_letters = DeadLetterWriter(topics.dead_letters, stage="summarize")
+    context_topic = topics.context.get_topic_name()
 
     def load(session_id: str, generation: int) -> SummaryState | None:
         """The state for this generation; ``None`` if the request is from an older one."""
@@ -121,8 +122,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             final=request.final,
             emitted_at=time.time(),
         )
-        fut = await topics.context.send(key=request.session_id, value=encode(op))
-        await fut
+        await (await app.produce(context_topic, request.session_id.encode(), encode(op)))
 
     async def give_up(
         message: Message, request: SummarizeRequest, state: SummaryState, error: LLMError

@@ -15,12 +15,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import Any
 
-import faust
 import orjson
 from faust.types import TableT
 
 from sinks.context import Batch, SessionContext
 from streams import changelog
+from streams.app import ContextApp
 from streams.tables import batch_key
 
 __all__ = ["ContextStore", "Written"]
@@ -42,7 +42,7 @@ class ContextStore:
     """
 
     def __init__(
-        self, app: faust.App, table: TableT[str, bytes], *, cache_size: int = 10_000
+        self, app: ContextApp, table: TableT[str, bytes], *, cache_size: int = 10_000
     ) -> None:
         self._app, self._table = app, table
         self._cache: OrderedDict[str, SessionContext] = OrderedDict()

@@ -11,12 +11,14 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp.web
 import faust
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import RecordMetadata
 
 from streams import faust_patches
 from streams.settings import Settings
@@ -40,6 +42,22 @@ class ContextApp(faust.App):
         super().__init__(app_id, **options)
         self.settings = settings
         self._mounts: list[tuple[str, Callable[[], aiohttp.web.Application]]] = []
+
+    async def produce(
+        self, topic: str, key: bytes, value: bytes | None, partition: int | None = None
+    ) -> Awaitable[RecordMetadata]:
+        """Hand a record to the app's producer; the result resolves when the broker has it.
+
+        Faust's ``Producer.send`` around the same call (a sensor signal, header
+        conversion, a transaction lookup, none of which these workers use) cost
+        4-6% of a worker's CPU on the hot paths (py-spy). Failures raise
+        aiokafka's errors, unwrapped.
+        """
+        producer = cast(AIOKafkaProducer, cast(Any, self.producer)._ensure_producer())
+        return cast(
+            Awaitable[RecordMetadata],
+            await producer.send(topic, value, key=key, partition=partition),
+        )
 
     def mount(self, prefix: str, factory: Callable[[], aiohttp.web.Application]) -> None:
         """Serve another aiohttp application (e.g. the HTTP ingest) on this worker's port."""

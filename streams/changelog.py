@@ -15,23 +15,22 @@ from __future__ import annotations
 from collections.abc import Awaitable, Iterable
 from typing import Any, cast
 
-import faust
 from faust.stores.memory import Store as MemoryStore
 from faust.stores.rocksdb import Store as RocksDBStore
 from faust.types import TableT
+
+from streams.app import ContextApp
 
 __all__ = ["confirm", "read", "write"]
 
 
 async def write(
-    app: faust.App, table: TableT[str, bytes], key: str, value: bytes | None
+    app: ContextApp, table: TableT[str, bytes], key: str, value: bytes | None
 ) -> Awaitable[Any]:
     """Apply ``table[key] = value`` (``None`` deletes) and produce its changelog record."""
     partition = cast(int, table.partition_for_key(key))
     _store_put(cast(Any, table).data, key, value, partition)
-    return await app.producer.send(
-        table.changelog_topic.get_topic_name(), key.encode(), value, partition, None, None
-    )
+    return await app.produce(table.changelog_topic.get_topic_name(), key.encode(), value, partition)
 
 
 def read(table: TableT[str, bytes], key: str) -> bytes | None:

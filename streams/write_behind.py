@@ -28,10 +28,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import faust
 from faust.types import TableT
 
 from streams import changelog
+from streams.app import ContextApp
 
 __all__ = ["WriteBehind"]
 
@@ -58,7 +58,7 @@ class WriteBehind:
 
     def __init__(
         self,
-        app: faust.App,
+        app: ContextApp,
         *,
         max_units: int = 32,
         on_error: Callable[[str, BaseException], Awaitable[None]],
@@ -94,7 +94,7 @@ class WriteBehind:
 
     async def send(self, topic: str, key: str, value: bytes) -> None:
         """Produce through the app's producer; the unit completes when the broker has it."""
-        ack = await self._app.producer.send(topic, key.encode(), value, None, None, None)
+        ack = await self._app.produce(topic, key.encode(), value)
         self._unit.acks.append(ack)
 
     def track(self, source: Any, record: Any) -> None:
