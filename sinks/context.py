@@ -8,6 +8,7 @@ bookkeeping (e.g. which Intercom note holds which range).
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import orjson
@@ -61,22 +62,24 @@ class SessionContext(BaseModel):
             if op.seq_to <= base.actions_to:
                 raise Skip(f"actions up to {op.seq_to} applied already")
             batch = Batch(seq_from=op.seq_from, seq_to=op.seq_to, text=op.text)
-            return base.model_copy(
-                update={"actions_to": op.seq_to, "batches": [*base.batches, batch]}, deep=True
-            )
+            return base._copy(actions_to=op.seq_to, batches=[*base.batches, batch])
         if op.seq_to <= base.summary_to:
             raise Skip(f"summary up to {op.seq_to} applied already")
-        return base.model_copy(
-            update={
-                "summary": op.summary,
-                "summary_to": op.seq_to,
-                # A batch that arrived while the LLM was busy is not covered: it stays.
-                "batches": [b for b in base.batches if b.seq_from > op.seq_to],
-                "closed": op.final,
-                "summaries": base.summaries + 1,
-            },
-            deep=True,
+        return base._copy(
+            summary=op.summary,
+            summary_to=op.seq_to,
+            # A batch that arrived while the LLM was busy is not covered: it stays.
+            batches=[b for b in base.batches if b.seq_from > op.seq_to],
+            closed=op.final,
+            summaries=base.summaries + 1,
         )
+
+    def _copy(self, **changes: Any) -> SessionContext:
+        """A copy with ``changes``; the sink's ``extra`` is copied deep (a sink may change
+        it), the batches are shared (never changed in place). Fix (found with py-spy on a
+        backlog, where summaries trail their actions): a deep copy of the whole context
+        made every operation O(window)."""
+        return self.model_copy(update={"extra": copy.deepcopy(self.extra), **changes})
 
     def render(self) -> str:
         """The text an agent reads: the summary, then the raw batches after it."""

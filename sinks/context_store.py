@@ -96,23 +96,43 @@ class ContextStore:
         stay behind (only after a crash).
         """
         sid = after.session_id
-        same_generation = before.generation == after.generation
-        kept = {b.seq_from for b in after.batches} if same_generation else set()
-        had = {b.seq_from for b in before.batches}
+        new, deleted = _changed_batches(before, after)
         written: Written = []
 
         async def put(key: str, value: bytes | None) -> None:
             written.append((self._table, await changelog.write(self._app, self._table, key, value)))
 
-        new = [b for b in after.batches if b.seq_from not in had or not same_generation]
         for batch in new:
             await put(batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__))
-        deleted = sorted(had - kept - {b.seq_from for b in new})
         header = {k: v for k, v in after.__dict__.items() if k != "batches"}
         header["first_batch"] = after.batches[0].seq_from if after.batches else 0
         await put(sid, orjson.dumps(header))
-        for seq in deleted:
-            await put(batch_key(sid, seq), None)
+        for batch in deleted:
+            await put(batch_key(sid, batch.seq_from), None)
         if self._generation == self._app.consumer_generation_id:
             self._remember(after)
         return written
+
+
+def _changed_batches(
+    before: SessionContext, after: SessionContext
+) -> tuple[list[Batch], list[Batch]]:
+    """The batches ``after`` added and the ones it dropped, in O(changes), not O(window).
+
+    Within a generation ``after``'s batches are a suffix of ``before``'s (a summary
+    drops a prefix) followed by new ones, all in ``seq_from`` order; a new
+    generation replaces them all.
+    """
+    if before.generation != after.generation:
+        overwritten = {b.seq_from for b in after.batches}  # same keys: no tombstone needed
+        return list(after.batches), [b for b in before.batches if b.seq_from not in overwritten]
+    old, now = before.batches, after.batches
+    first_kept = now[0].seq_from if now else None
+    dropped = 0
+    while dropped < len(old) and (first_kept is None or old[dropped].seq_from < first_kept):
+        dropped += 1
+    last_old = old[-1].seq_from if old else -1
+    added = len(now)
+    while added > 0 and now[added - 1].seq_from > last_old:
+        added -= 1
+    return now[added:], old[:dropped]

@@ -8,6 +8,7 @@ consumer group: a slow destination never holds back the pipeline or another sink
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -21,6 +22,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
 from streams import faust_patches
+from streams.appender import Appender
 from streams.settings import Settings
 from streams.topics import DEAD_LETTER_MAX_BYTES, ensure_topics
 
@@ -53,11 +55,18 @@ class ContextApp(faust.App):
         4-6% of a worker's CPU on the hot paths (py-spy). Failures raise
         aiokafka's errors, unwrapped.
         """
-        producer = cast(AIOKafkaProducer, cast(Any, self.producer)._ensure_producer())
         return cast(
             Awaitable[RecordMetadata],
-            await producer.send(topic, value, key=key, partition=partition),
+            await self._aiokafka_producer().send(topic, value, key=key, partition=partition),
         )
+
+    @functools.cached_property
+    def appender(self) -> Appender:
+        """Batches records per partition for the hot paths' table writes (``streams.appender``)."""
+        return Appender(self._aiokafka_producer, linger_s=self.settings.producer_linger_ms / 1000)
+
+    def _aiokafka_producer(self) -> AIOKafkaProducer:
+        return cast(AIOKafkaProducer, cast(Any, self.producer)._ensure_producer())
 
     def mount(self, prefix: str, factory: Callable[[], aiohttp.web.Application]) -> None:
         """Serve another aiohttp application (e.g. the HTTP ingest) on this worker's port."""

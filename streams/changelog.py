@@ -3,8 +3,9 @@
 Faust's own table write (``table[key] = value``) sends each changelog record as
 a FutureMessage through its producer buffer: measured on the accumulator, that
 path cost more than all of our per-event work. Here a write updates the store
-and produces the record with one producer call, in the format Faust's recovery
-reads (same topic and partition, raw key and value bytes; None is a tombstone).
+and appends the record to its partition's next batch (``streams.appender``),
+in the format Faust's recovery reads (same topic and partition, raw key and
+value bytes; None is a tombstone).
 The caller awaits the returned acknowledgement before it lets the input that
 caused the write be committed, then calls :func:`confirm` so that a RocksDB
 store notes what it holds (as Faust's changelog callback would).
@@ -30,7 +31,8 @@ async def write(
     """Apply ``table[key] = value`` (``None`` deletes) and produce its changelog record."""
     partition = cast(int, table.partition_for_key(key))
     _store_put(cast(Any, table).data, key, value, partition)
-    return await app.produce(table.changelog_topic.get_topic_name(), key.encode(), value, partition)
+    topic = table.changelog_topic.get_topic_name()
+    return app.appender.append(topic, partition, key.encode(), value)
 
 
 def read(table: TableT[str, bytes], key: str) -> bytes | None:
