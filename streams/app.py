@@ -63,7 +63,7 @@ class ContextApp(faust.App):
     @functools.cached_property
     def appender(self) -> Appender:
         """Batches records per partition for the hot paths' table writes (``streams.appender``)."""
-        return Appender(self._aiokafka_producer, linger_s=self.settings.producer_linger_ms / 1000)
+        return Appender(self._aiokafka_producer)
 
     def _aiokafka_producer(self) -> AIOKafkaProducer:
         return cast(AIOKafkaProducer, cast(Any, self.producer)._ensure_producer())
