@@ -20,16 +20,24 @@ to this offset is durable" holds for each of them).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 __all__ = ["Appender"]
 
 log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=16_384)  # murmur2 is pure Python
+def _partition_of(key: bytes, partitions: int) -> int:
+    """aiokafka's ``DefaultPartitioner`` for a keyed record (all partitions available)."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 class _Group:
@@ -50,6 +58,16 @@ class Appender:
         self._groups: dict[tuple[str, int], _Group] = {}
         self._waiting = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    def append_keyed(
+        self, topic: str, key: bytes, value: bytes | None
+    ) -> asyncio.Future[RecordMetadata] | None:
+        """``append`` to the partition the producer's default partitioner picks for ``key``;
+        ``None`` while the producer has no metadata for ``topic`` (then use ``send``)."""
+        partitions = self._producer().client.cluster.partitions_for_topic(topic)
+        if not partitions:
+            return None
+        return self.append(topic, _partition_of(key, len(partitions)), key, value)
 
     def append(
         self, topic: str, partition: int, key: bytes, value: bytes | None
