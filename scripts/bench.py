@@ -29,6 +29,7 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import murmur2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -101,23 +102,48 @@ async def produce(
     )
     await producer.start()
     try:
-        start = time.perf_counter()
-        futures = []
-        for n, p in enumerate(payloads):
-            if rate is not None:
-                due = start + n / rate
-                # Paced in ticks of 2 ms, not a timer per payload: the generator shares
-                # the two cores with what it measures (it took a quarter of one at 5,000/s).
-                if (delay := due - time.perf_counter()) > PACING_TICK_S:
-                    await asyncio.sleep(delay)
-                for a in p["actions"]:  # the action happens now: latency starts here
-                    a["timestamp_end"] = time.time()
-            futures.append(
+        if rate is None:
+            futures = [
                 await producer.send(topic, orjson.dumps(p), key=p["session_id"].encode())
-            )
+                for p in payloads
+            ]
+        else:
+            futures = await _produce_paced(producer, topic, payloads, rate)
         await asyncio.gather(*futures)
     finally:
         await producer.stop()
+
+
+async def _produce_paced(
+    producer: AIOKafkaProducer, topic: str, payloads: list[dict[str, Any]], rate: float
+) -> list[asyncio.Future[Any]]:
+    """Offer ``payloads`` at ``rate``, in ticks of 2 ms: each tick's payloads go out as one
+    batch per partition. The generator shares the two cores with what it measures; a
+    timer per payload took a quarter of one at 5,000 actions/s, a ``send`` per payload
+    still a sixth."""
+    partitions = len(await producer.partitions_for(topic))
+    futures, start, n = [], time.perf_counter(), 0
+    while n < len(payloads):
+        if (delay := start + n / rate - time.perf_counter()) > 0:
+            await asyncio.sleep(max(delay, PACING_TICK_S))
+        due = min(len(payloads), int((time.perf_counter() - start) * rate) + 1)
+        batches: dict[int, Any] = {}
+        now = time.time()  # the actions happen now: latency starts here
+        for p in payloads[n:due]:
+            for a in p["actions"]:
+                a["timestamp_end"] = now
+            key = p["session_id"].encode()
+            partition = (murmur2(key) & 0x7FFFFFFF) % partitions  # as the default partitioner
+            if (batch := batches.get(partition)) is None:
+                batch = batches[partition] = producer.create_batch()
+            if batch.append(key=key, value=orjson.dumps(p), timestamp=None) is None:
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = batches[partition] = producer.create_batch()
+                batch.append(key=key, value=orjson.dumps(p), timestamp=None)
+        for partition, batch in batches.items():
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+        n = due
+    return futures
 
 
 async def bench_raw_consumer(
