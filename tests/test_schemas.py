@@ -83,7 +83,7 @@ def payloads(draw: st.DrawFn) -> dict[str, Any]:
     )
     # Any id but one holding U+001F (rejected: test_bad_input_is_rejected_with_a_reason).
     body["session_id"] = draw(
-        st.text(st.characters(blacklist_characters="\x1f"), min_size=1, max_size=30)
+        st.text(st.characters(codec="utf-8", exclude_characters="\x1f"), min_size=1, max_size=30)
     )
     return body
 
