@@ -173,7 +173,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         state.updated_at = time.time()
         closed = request.final and not state.pending  # then its state expires
         value = None if closed else state.to_bytes()
-        await changelog.confirm([(table, await changelog.write(app, table, session_id, value))])
+        await changelog.confirm([(table, changelog.write(app, table, session_id, value))])
         await acks.done(ticket)  # only now, and in offset order, may Faust commit past it
 
     lanes: Lanes[tuple[Any, SummarizeRequest]] = Lanes(
@@ -205,6 +205,6 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         ]
         for sid in candidates:
             if expired(table.get(sid)):  # checked again: a request may have come since
-                await changelog.write(app, table, sid, None)
+                changelog.write(app, table, sid, None)
 
     return table

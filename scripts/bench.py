@@ -29,11 +29,11 @@ import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.partitioner import murmur2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from streams.partitions import partition_of  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 
@@ -133,7 +133,7 @@ async def _produce_paced(
             for a in p["actions"]:
                 a["timestamp_end"] = now
             key = p["session_id"].encode()
-            partition = (murmur2(key) & 0x7FFFFFFF) % partitions  # as the default partitioner
+            partition = partition_of(key, partitions)  # as the default partitioner
             if (batch := batches.get(partition)) is None:
                 batch = batches[partition] = producer.create_batch()
             if batch.append(key=key, value=orjson.dumps(p), timestamp=None) is None:

@@ -82,7 +82,7 @@ class ContextStore:
             seq = batch.seq_to + 1
         return SessionContext.model_construct(**header, batches=batches)
 
-    async def save(self, before: SessionContext, after: SessionContext) -> Written:
+    def save(self, before: SessionContext, after: SessionContext) -> Written:
         """Write the difference from ``before`` to ``after``: new batches, then the
         header, then deletions.
 
@@ -99,16 +99,16 @@ class ContextStore:
         new, deleted = _changed_batches(before, after)
         written: Written = []
 
-        async def put(key: str, value: bytes | None) -> None:
-            written.append((self._table, await changelog.write(self._app, self._table, key, value)))
+        def put(key: str, value: bytes | None) -> None:
+            written.append((self._table, changelog.write(self._app, self._table, key, value)))
 
         for batch in new:
-            await put(batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__))
+            put(batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__))
         header = {k: v for k, v in after.__dict__.items() if k != "batches"}
         header["first_batch"] = after.batches[0].seq_from if after.batches else 0
-        await put(sid, orjson.dumps(header))
+        put(sid, orjson.dumps(header))
         for batch in deleted:
-            await put(batch_key(sid, batch.seq_from), None)
+            put(batch_key(sid, batch.seq_from), None)
         if self._generation == self._app.consumer_generation_id:
             self._remember(after)
         return written

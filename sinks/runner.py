@@ -109,7 +109,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
         except PermanentSinkError as exc:
             outcome = "refused"
             await dead_letters.write(message, f"{sink.name} refused {op.op}: {exc}")
-        written = await store.save(before, context)
+        written = store.save(before, context)
         metrics.SINK_OPERATIONS.labels(sink.name, op.op, outcome).inc()
         metrics.END_TO_END.labels(sink.name).observe(max(time.time() - op.emitted_at, 0.0))
         if outcome == "applied" and isinstance(op, ActionsWritten) and op.payload.actions:
@@ -128,7 +128,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             await deliver(lambda: sink.link(session_id, link.conversation_id, context))
         except PermanentSinkError as exc:
             await dead_letters.write(message, f"{sink.name} refused link: {exc}")
-        return await store.save(before, context)
+        return store.save(before, context)
 
     acks = InOrderAcks()  # lanes finish out of order; Faust must see acks in offset order
 

@@ -20,24 +20,18 @@ to this offset is durable" holds for each of them).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import murmur2
 from aiokafka.structs import RecordMetadata, TopicPartition
+
+from streams.partitions import partition_of
 
 __all__ = ["Appender"]
 
 log = logging.getLogger(__name__)
-
-
-@functools.lru_cache(maxsize=16_384)  # murmur2 is pure Python
-def _partition_of(key: bytes, partitions: int) -> int:
-    """aiokafka's ``DefaultPartitioner`` for a keyed record (all partitions available)."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 class _Group:
@@ -67,7 +61,7 @@ class Appender:
         partitions = self._producer().client.cluster.partitions_for_topic(topic)
         if not partitions:
             return None
-        return self.append(topic, _partition_of(key, len(partitions)), key, value)
+        return self.append(topic, partition_of(key, len(partitions)), key, value)
 
     def append(
         self, topic: str, partition: int, key: bytes, value: bytes | None

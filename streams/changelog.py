@@ -25,7 +25,7 @@ from streams.app import ContextApp
 __all__ = ["confirm", "read", "write"]
 
 
-async def write(
+def write(
     app: ContextApp, table: TableT[str, bytes], key: str, value: bytes | None
 ) -> Awaitable[Any]:
     """Apply ``table[key] = value`` (``None`` deletes) and produce its changelog record."""

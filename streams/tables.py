@@ -9,7 +9,6 @@ per-session tasks, which run outside a stream event, write to tables.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -17,11 +16,11 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import faust
-from aiokafka.partitioner import murmur2
 from faust.stores.rocksdb import Store as RocksDBStore
 
 from streams import changelog, metrics, rocksdb
 from streams.app import ContextApp
+from streams.partitions import partition_of
 
 __all__ = [
     "OwnedKeyCount",
@@ -95,13 +94,7 @@ class _RawTable(faust.Table):
         partition needs no metadata, and is by construction the session's
         partition in every topic.
         """
-        return _partition_of(key, int(self.partitions or self.app.conf.topic_partitions))
-
-
-@functools.lru_cache(maxsize=16_384)  # murmur2 is pure Python: a tenth of a sink's CPU
-def _partition_of(key: str | bytes, partitions: int) -> int:
-    raw = key if isinstance(key, bytes) else str(key).encode("utf-8")
-    return (murmur2(raw) & 0x7FFFFFFF) % partitions
+        return partition_of(key, int(self.partitions or self.app.conf.topic_partitions))
 
 
 class _SessionKeyedTable(_RawTable):

@@ -143,7 +143,7 @@ class WriteBehind:
         for ack in dict.fromkeys(unit.acks):  # records appended in a round share one
             await ack
         for table, key, value, version in self._ordered(unit.writes):
-            unit.changelog.append((table, await changelog.write(self._app, table, key, value)))
+            unit.changelog.append((table, changelog.write(self._app, table, key, value)))
             slot = (id(table), key)
             if self._overlay.get(slot, (None, -1))[1] == version:
                 del self._overlay[slot]  # no newer write is waiting: the table is current
