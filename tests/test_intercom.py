@@ -41,7 +41,7 @@ from tests.support.pipeline import (
     settings_from,
 )
 from tests.support.waiting import wait_for
-from tests.support.workers import ROOT, Worker
+from tests.support.workers import FAST_REBALANCE, ROOT, Worker
 
 TOKEN = "tok-SECRET-0123456789abcdef"
 ADMIN = "991266414"
@@ -327,11 +327,6 @@ async def test_rate_limits_wait_for_the_reset_and_errors_are_classified(
 
 
 # --------------------------------------------------------------------------- end to end
-
-
-# Faust reads these from the environment: a killed member leaves the group in
-# seconds instead of the default minute, so the restarted worker gets going.
-FAST_REBALANCE = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"}
 
 
 def sink_env(server: FakeIntercomServer) -> dict[str, str]:

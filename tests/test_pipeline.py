@@ -23,7 +23,7 @@ from tests.support.pipeline import (
     produce,
 )
 from tests.support.waiting import wait_for
-from tests.support.workers import ROOT, Worker
+from tests.support.workers import FAST_REBALANCE, ROOT, Worker
 
 pytestmark = pytest.mark.kafka
 
@@ -176,7 +176,7 @@ async def test_rocksdb_state_survives_kill9_and_restart(
     payloads = list(interleaved_payloads(plan_sessions(40, mean_length=30, seed=5), seed=5))
     half = len(payloads) // 2
     async with FakeOpenAIServer() as llm:
-        env = llm_env(worker_env, llm, threshold, AC_STORE="rocksdb://")
+        env = llm_env(worker_env, llm, threshold, AC_STORE="rocksdb://", **FAST_REBALANCE)
         pipe = Pipeline(env, tmp_path, workers)
 
         def start_all() -> list[Worker]:
@@ -187,7 +187,7 @@ async def test_rocksdb_state_survives_kill9_and_restart(
         await produce(pipe.env, payloads[:half])
         await wait_for(
             lambda: len(pipe.records()) >= half // 2,
-            timeout=120,
+            timeout=60,
             interval=0.2,
             message=lambda: f"{len(pipe.records())} operations recorded",
         )
@@ -197,7 +197,7 @@ async def test_rocksdb_state_survives_kill9_and_restart(
         second = start_all()
         await asyncio.gather(*(w.wait_ready() for w in second))
         await produce(pipe.env, payloads[half:])
-        await wait_until_summarised(pipe, payloads, threshold, timeout=240)
+        await wait_until_summarised(pipe, payloads, threshold, timeout=150)
 
         check_operation_log(pipe, payloads, threshold)
         await wait_for_context_files(pipe, payloads)

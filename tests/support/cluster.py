@@ -24,7 +24,7 @@ import orjson
 
 from tests.support.kafka_io import uncommitted
 from tests.support.waiting import wait_for
-from tests.support.workers import ROOT, Worker, free_port, unique_env
+from tests.support.workers import FAST_REBALANCE, ROOT, Worker, free_port, unique_env
 
 __all__ = [
     "Cluster",
@@ -54,20 +54,8 @@ def read_complete_records(path: Path) -> list[dict[str, Any]]:
 
 
 def reliability_env(bootstrap: str, workdir: Path, **overrides: str) -> dict[str, str]:
-    """Per-test settings, with quick failure detection so restarts rejoin in seconds.
-
-    Faust reads ``BROKER_SESSION_TIMEOUT`` / ``BROKER_HEARTBEAT_INTERVAL`` from
-    the environment. A SIGKILLed member stays in its consumer group until its
-    session times out (Faust's default: 60 s), holding its partitions; 6 s is
-    the broker's minimum (``group.min.session.timeout.ms``).
-    """
-    return unique_env(
-        bootstrap,
-        workdir,
-        BROKER_SESSION_TIMEOUT="6",
-        BROKER_HEARTBEAT_INTERVAL="1",
-        **overrides,
-    )
+    """Per-test settings, with quick failure detection so restarts rejoin in seconds."""
+    return unique_env(bootstrap, workdir, **{**FAST_REBALANCE, **overrides})
 
 
 @dataclass

@@ -22,6 +22,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Faust reads these from the environment. A SIGKILLed member stays in its consumer
+# group until its session times out (Faust's default: 60 s), holding its
+# partitions, and a restarted worker waits that long to join; 6 s is the broker's
+# minimum (``group.min.session.timeout.ms``). Every test that kills a worker uses it.
+FAST_REBALANCE = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"}
+
+
 def unique_env(bootstrap: str, workdir: Path, **overrides: str) -> dict[str, str]:
     """Settings for one test: its own topics, consumer groups and directories."""
     tag = uuid.uuid4().hex[:8]
