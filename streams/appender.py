@@ -14,7 +14,9 @@ Order per partition is kept: groups are submitted in the order they were
 started, and aiokafka keeps one batch per partition in flight. All records of
 a group share one acknowledgement, which resolves with the offset of the
 group's *last* record when every batch of the group is in (so "everything up
-to this offset is durable" holds for each of them).
+to this offset is durable" holds for each of them). A record may carry a
+``then`` callback: the group's callbacks run, in append order, once the broker
+has the group and before its acknowledgement resolves.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ log = logging.getLogger(__name__)
 
 
 class _Group:
-    __slots__ = ("acknowledged", "records")
+    __slots__ = ("acknowledged", "records", "then")
 
     def __init__(self) -> None:
         self.records: list[tuple[bytes, bytes | None]] = []
+        self.then: list[Callable[[], object]] = []
         self.acknowledged: asyncio.Future[RecordMetadata] = (
             asyncio.get_running_loop().create_future()
         )
@@ -64,7 +67,12 @@ class Appender:
         return self.append(topic, partition_of(key, len(partitions)), key, value)
 
     def append(
-        self, topic: str, partition: int, key: bytes, value: bytes | None
+        self,
+        topic: str,
+        partition: int,
+        key: bytes,
+        value: bytes | None,
+        then: Callable[[], object] | None = None,
     ) -> asyncio.Future[RecordMetadata]:
         group = self._groups.get((topic, partition))
         if group is None:
@@ -73,6 +81,8 @@ class Appender:
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._submit_forever(), name="appender")
         group.records.append((key, value))
+        if then is not None:
+            group.then.append(then)
         return group.acknowledged
 
     async def _submit_forever(self) -> None:
@@ -117,6 +127,12 @@ def _acknowledge(group: _Group, sent: list[asyncio.Future[Any]], in_last: int) -
         if (error := batch.exception()) is not None:
             group.acknowledged.set_exception(error)
             return
+    try:
+        for then in group.then:
+            then()
+    except Exception as exc:
+        group.acknowledged.set_exception(exc)
+        return
     last: RecordMetadata = sent[-1].result()
     group.acknowledged.set_result(
         RecordMetadata(

@@ -2,13 +2,24 @@
 
 Faust's own table write (``table[key] = value``) sends each changelog record as
 a FutureMessage through its producer buffer: measured on the accumulator, that
-path cost more than all of our per-event work. Here a write updates the store
-and appends the record to its partition's next batch (``streams.appender``),
-in the format Faust's recovery reads (same topic and partition, raw key and
-value bytes; None is a tombstone).
+path cost more than all of our per-event work. Here a write appends the record
+to its partition's next batch (``streams.appender``), in the format Faust's
+recovery reads (same topic and partition, raw key and value bytes; None is a
+tombstone), and the store takes the value once the broker has the record.
 The caller awaits the returned acknowledgement before it lets the input that
 caused the write be committed, then calls :func:`confirm` so that a RocksDB
 store notes what it holds (as Faust's changelog callback would).
+
+Fix (found by a clean-clone CI run of the RocksDB kill -9 test: "pending batch 0
+is missing" after the restart): the store used to take each value at once. A
+RocksDB store survives a crash, so it could hold writes whose changelog records
+never reached the broker, and recovery, which replays the changelog from the
+persisted offset, then set some keys back to older values while keeping the
+newer local-only values of others: a session entry from before a summary,
+beside the deletions of the batches it still listed. A store that only ever
+holds acknowledged records is a prefix of the changelog, which the replay makes
+whole again. Until then, readers see pending values through the writer's own
+overlay (``streams.write_behind``) or by waiting for :func:`confirm`.
 """
 
 from __future__ import annotations
@@ -28,11 +39,14 @@ __all__ = ["confirm", "read", "write"]
 def write(
     app: ContextApp, table: TableT[str, bytes], key: str, value: bytes | None
 ) -> Awaitable[Any]:
-    """Apply ``table[key] = value`` (``None`` deletes) and produce its changelog record."""
+    """Produce ``table[key] = value``'s changelog record (``None`` deletes); the store
+    applies it when the broker has it, before the returned acknowledgement resolves."""
     partition = cast(int, table.partition_for_key(key))
-    _store_put(cast(Any, table).data, key, value, partition)
+    store = cast(Any, table).data
     topic = table.changelog_topic.get_topic_name()
-    return app.appender.append(topic, partition, key.encode(), value)
+    return app.appender.append(
+        topic, partition, key.encode(), value, then=lambda: _store_put(store, key, value, partition)
+    )
 
 
 def read(table: TableT[str, bytes], key: str) -> bytes | None:

@@ -10,9 +10,9 @@ round trip per batch. Here the agent goes on with the next batch at once:
 - reads see the newest value (an overlay holds writes not yet applied);
 - each sealed unit (messages, table writes, input records to acknowledge) is
   completed in order, in two pipelined stages: when the broker has acknowledged
-  its messages, its table writes are applied and sent to the changelog; when
-  the broker has those too, its input records are acknowledged (so the commit
-  never passes them first).
+  its messages, its table writes are sent to the changelog; when the broker has
+  those too, the store holds them (``streams.changelog``) and its input records
+  are acknowledged (so the commit never passes them first).
 
 Table writes go straight to the changelog (``streams.changelog``).
 
@@ -47,6 +47,7 @@ class _Unit:
     writes: list[_Write] = field(default_factory=list)
     inputs: list[tuple[Any, Any]] = field(default_factory=list)  # (source, record) to ack
     changelog: list[tuple[TableT[str, bytes], Awaitable[Any]]] = field(default_factory=list)
+    logged: list[tuple[tuple[int, str], int]] = field(default_factory=list)  # (slot, version)
 
 
 class WriteBehind:
@@ -139,14 +140,12 @@ class WriteBehind:
                 queue.task_done()
 
     async def _record(self, unit: _Unit) -> None:
-        """Stage 1: the unit's messages are in; apply its table writes and log them."""
+        """Stage 1: the unit's messages are in; log its table writes."""
         for ack in dict.fromkeys(unit.acks):  # records appended in a round share one
             await ack
         for table, key, value, version in self._ordered(unit.writes):
             unit.changelog.append((table, changelog.write(self._app, table, key, value)))
-            slot = (id(table), key)
-            if self._overlay.get(slot, (None, -1))[1] == version:
-                del self._overlay[slot]  # no newer write is waiting: the table is current
+            unit.logged.append(((id(table), key), version))
         await self._recorded.put(unit)
 
     def _ordered(self, writes: list[_Write]) -> list[_Write]:
@@ -181,7 +180,11 @@ class WriteBehind:
         return [write for _, write in ranked]
 
     async def _acknowledge(self, unit: _Unit) -> None:
-        """Stage 2: the unit's changelog records are in; acknowledge its input."""
+        """Stage 2: the unit's changelog records are in (and so in the store);
+        acknowledge its input."""
         await changelog.confirm(unit.changelog)
+        for slot, version in unit.logged:
+            if self._overlay.get(slot, (None, -1))[1] == version:
+                del self._overlay[slot]  # no newer write is waiting: the table is current
         for source, record in unit.inputs:
             await source.ack(record)
