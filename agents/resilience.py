@@ -162,6 +162,27 @@ class ResilientLLM:
 
     async def __call__(self, prompt: str) -> str:
         call = _Call()
+        try:
+            # The first attempt runs outside tenacity, whose set-up costs more CPU
+            # than the rest of a call together; a failure enters the retry loop below.
+            return await self._attempt(prompt, call)
+        except LLMError as exc:
+            if not _should_retry(exc):
+                raise
+            return await self._retry(prompt, call, first_failure=exc)
+
+    async def _retry(self, prompt: str, call: _Call, first_failure: LLMError) -> str:
+        """Tenacity's loop, entered with the first attempt's failure as attempt 1, so
+        the backoff, ``Retry-After`` and budget apply exactly as if it had run it."""
+        replayed = False
+
+        async def attempt() -> str:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                raise first_failure
+            return await self._attempt(prompt, call)
+
         retrying = AsyncRetrying(
             retry=retry_if_exception(_should_retry),
             wait=lambda state: self._wait(state, call),
@@ -169,7 +190,7 @@ class ResilientLLM:
             sleep=lambda seconds: self._sleep(seconds, call),
         )
         try:
-            return await retrying(self._attempt, prompt, call)
+            return await retrying(attempt)
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             elapsed = time.monotonic() - call.started

@@ -102,7 +102,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
 
     def load(session_id: str, generation: int) -> SummaryState | None:
         """The state for this generation; ``None`` if the request is from an older one."""
-        raw = table.get(session_id)
+        raw = changelog.read(table, session_id)
         state = SummaryState.from_bytes(raw) if raw is not None else None
         if state is None or state.generation < generation:
             return SummaryState(generation=generation)
@@ -122,7 +122,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             final=request.final,
             emitted_at=time.time(),
         )
-        await (await app.produce(context_topic, request.session_id.encode(), encode(op)))
+        await (await app.append(context_topic, request.session_id.encode(), encode(op)))
 
     async def give_up(
         message: Message, request: SummarizeRequest, state: SummaryState, error: LLMError

@@ -60,6 +60,14 @@ class ContextApp(faust.App):
             await self._aiokafka_producer().send(topic, value, key=key, partition=partition),
         )
 
+    async def append(
+        self, topic: str, key: bytes, value: bytes | None
+    ) -> Awaitable[RecordMetadata]:
+        """``produce`` through the appender (one batch per partition per event-loop round),
+        or directly while the producer has no metadata for ``topic`` yet."""
+        appended = self.appender.append_keyed(topic, key, value)
+        return appended if appended is not None else await self.produce(topic, key, value)
+
     @functools.cached_property
     def appender(self) -> Appender:
         """Batches records per partition for the hot paths' table writes (``streams.appender``)."""

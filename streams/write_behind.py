@@ -99,12 +99,7 @@ class WriteBehind:
 
     async def send(self, topic: str, key: str, value: bytes) -> None:
         """Produce (appended per partition); the unit completes when the broker has it."""
-        raw = key.encode()
-        appended = self._app.appender.append_keyed(topic, raw, value)
-        if appended is None:  # no metadata for the topic yet
-            self._unit.acks.append(await self._app.produce(topic, raw, value))
-        else:
-            self._unit.acks.append(appended)
+        self._unit.acks.append(await self._app.append(topic, key.encode(), value))
 
     def track(self, source: Any, record: Any) -> None:
         """``await source.ack(record)`` when the current unit completes
