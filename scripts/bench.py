@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import random
 import re
@@ -77,6 +78,10 @@ def workload(
         )
         if next_index[i] >= per_session[i]:
             live.remove(i)
+    # Millions of objects that live to the end: out of the cyclic GC's scans, or a full
+    # collection pauses the load generator for up to 130 ms mid-measurement (found
+    # with a gc.callbacks probe), and the workers are charged for the burst after it.
+    gc.freeze()
     return payloads
 
 

@@ -79,7 +79,8 @@ class SessionContext(BaseModel):
         it), the batches are shared (never changed in place). Fix (found with py-spy on a
         backlog, where summaries trail their actions): a deep copy of the whole context
         made every operation O(window)."""
-        return self.model_copy(update={"extra": copy.deepcopy(self.extra), **changes})
+        extra = copy.deepcopy(self.extra) if self.extra else {}
+        return self.model_copy(update={"extra": extra, **changes})
 
     def render(self) -> str:
         """The text an agent reads: the summary, then the raw batches after it."""

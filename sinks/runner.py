@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from faust.types import Message, TableT
 from faust.web import Request, Response, View
 from tenacity import (
@@ -51,8 +52,10 @@ def _decode(raw: bytes | None) -> Operation:
     if raw is None:
         raise InvalidMessage("empty message (no value)")
     try:
-        return context_operation_adapter.validate_json(raw)
-    except ValueError as exc:
+        # orjson then validation: 17% less CPU than pydantic's own JSON parsing
+        # (``validate_json``), which was an eighth of a sink's CPU at 5,000 actions/s.
+        return context_operation_adapter.validate_python(orjson.loads(raw))
+    except ValueError as exc:  # orjson.JSONDecodeError and ValidationError both are
         raise InvalidMessage(f"invalid context operation: {exc}") from None
 
 
@@ -63,6 +66,17 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
     dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
 
     store = ContextStore(app, contexts)
+    # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).
+    end_to_end = metrics.END_TO_END.labels(sink.name)
+    action_age = metrics.ACTION_AGE_AT_SINK.labels(sink.name)
+    operations_counted: dict[tuple[str, str], Any] = {}
+
+    def count_operation(op: str, outcome: str) -> None:
+        if (counter := operations_counted.get((op, outcome))) is None:
+            counter = operations_counted[(op, outcome)] = metrics.SINK_OPERATIONS.labels(
+                sink.name, op, outcome
+            )
+        counter.inc()
 
     def log_retry(state: RetryCallState) -> None:
         metrics.SINK_RETRIES.labels(sink.name).inc()
@@ -110,14 +124,12 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             outcome = "refused"
             await dead_letters.write(message, f"{sink.name} refused {op.op}: {exc}")
         written = store.save(before, context)
-        metrics.SINK_OPERATIONS.labels(sink.name, op.op, outcome).inc()
-        metrics.END_TO_END.labels(sink.name).observe(max(time.time() - op.emitted_at, 0.0))
+        count_operation(op.op, outcome)
+        end_to_end.observe(max(time.time() - op.emitted_at, 0.0))
         if outcome == "applied" and isinstance(op, ActionsWritten) and op.payload.actions:
             acted_at = max(a.timestamp_end for a in op.payload.actions)
             if acted_at > 0:  # 0: the client sent no timestamp
-                metrics.ACTION_AGE_AT_SINK.labels(sink.name).observe(
-                    max(time.time() - acted_at, 0.0)
-                )
+                action_age.observe(max(time.time() - acted_at, 0.0))
         return written
 
     async def apply_link(session_id: str, message: Message, link: SessionLink) -> Written:
