@@ -162,7 +162,7 @@ class WriteBehind:
         later write would move before an earlier one (a deletion, then a new
         value), the unit is written in its own order instead.
         """
-        ranked: list[tuple[int, _Write]] = []
+        by_rank: dict[int, list[_Write]] = {}  # ranks are few: buckets, not a sort
         last_rank: dict[tuple[int, str], int] = {}
         for write in writes:
             table, key, value, _ = write
@@ -170,9 +170,10 @@ class WriteBehind:
             if last_rank.setdefault((id(table), key), rank) > rank:
                 return writes  # reordering would swap this key's writes
             last_rank[(id(table), key)] = rank
-            ranked.append((rank, write))
-        ranked.sort(key=lambda ranked_write: ranked_write[0])
-        return [write for _, write in ranked]
+            by_rank.setdefault(rank, []).append(write)
+        if len(by_rank) == 1:
+            return writes
+        return [write for rank in sorted(by_rank) for write in by_rank[rank]]
 
     async def _acknowledge(self, unit: _Unit) -> None:
         """Stage 2: the unit's changelog records are in (and so in the store);
