@@ -47,7 +47,6 @@ class _Unit:
     writes: list[_Write] = field(default_factory=list)
     inputs: list[tuple[Any, Any]] = field(default_factory=list)  # (source, record) to ack
     changelog: list[tuple[TableT[str, bytes], Awaitable[Any]]] = field(default_factory=list)
-    logged: list[tuple[tuple[int, str], int]] = field(default_factory=list)  # (slot, version)
 
 
 class WriteBehind:
@@ -138,9 +137,8 @@ class WriteBehind:
         """Stage 1: the unit's messages are in; log its table writes."""
         for ack in dict.fromkeys(unit.acks):  # records appended in a round share one
             await ack
-        for table, key, value, version in self._ordered(unit.writes):
+        for table, key, value, _ in self._ordered(unit.writes):
             unit.changelog.append((table, changelog.write(self._app, table, key, value)))
-            unit.logged.append(((id(table), key), version))
         await self._recorded.put(unit)
 
     def _ordered(self, writes: list[_Write]) -> list[_Write]:
@@ -179,7 +177,8 @@ class WriteBehind:
         """Stage 2: the unit's changelog records are in (and so in the store);
         acknowledge its input."""
         await changelog.confirm(unit.changelog)
-        for slot, version in unit.logged:
+        for table, key, _, version in unit.writes:
+            slot = (id(table), key)
             if self._overlay.get(slot, (None, -1))[1] == version:
                 del self._overlay[slot]  # no newer write is waiting: the table is current
         for source, record in unit.inputs:
