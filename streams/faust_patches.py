@@ -24,9 +24,10 @@ is being fetched or yielded, records from *before* the seek are delivered
 after it. Faust has just reset its read offset to the committed offset, so it
 takes the stale record's higher offset as a "gap", counts the skipped offsets
 as acknowledged and commits past them, then drops the re-fetched records as
-already read: lost. Fix: a seek epoch. A batch whose fetch overlapped a seek
-is not delivered; instead the consumer seeks to the committed offsets again,
-so everything the discarded batch had consumed is fetched again.
+already read: lost. Fix: a seek epoch. The stream records of a batch whose
+fetch overlapped a seek are not delivered; instead the consumer seeks to the
+committed offsets again, so they are fetched again. (Its changelog records are
+delivered: recovery positions those partitions itself; see ``_getmany``.)
 
 A third (found by the stuck-session test, issue #6): ``perform_seek`` does not
 move a partition that has no committed offset yet, so records consumed and
@@ -146,13 +147,20 @@ def diverted_topics() -> set[str]:
 
 
 async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
-    """Faust's getmany, not delivering a batch fetched before or during a seek;
-    records of diverted topics go to their taker instead of the conductor."""
+    """Faust's getmany, not delivering stream records fetched before or during a seek;
+    records of diverted topics go to their taker instead of the conductor.
+
+    Changelog records are always delivered. Fix (found by the broker-restart test on a
+    loaded machine: a sink stuck in recovery for minutes, "No event received for active
+    tp"): the whole batch used to be dropped, changelog records too, and the re-seek
+    below only rewinds stream partitions; recovery, which positions the changelog
+    partitions itself, then waited for records that never came again.
+    """
     epoch = getattr(self, "_ac_seek_epoch", 0)
     read_offset = self._read_offset
     async for tp, message in _original_getmany(self, timeout):
-        if getattr(self, "_ac_seek_epoch", 0) != epoch:
-            break  # the rest of this batch may predate the seek
+        if getattr(self, "_ac_seek_epoch", 0) != epoch and not self._is_changelog_tp(tp):
+            continue  # it may predate the seek: fetched again after the re-seek below
         take = _diverted.get(tp.topic)
         if take is None:
             yield tp, message
@@ -162,7 +170,7 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
     if getattr(self, "_ac_seek_epoch", 0) != epoch:
         # A seek ran while this batch was fetched or delivered. Faust may also have
         # dropped some of its records (for partitions it deems inactive) after the
-        # fetch consumed them. Seek again: all of it comes again, in order.
+        # fetch consumed them. Seek again: the stream records come again, in order.
         log.info("records fetched across a seek discarded; seeking to committed offsets again")
         try:
             await _perform_seek(self)
