@@ -12,8 +12,6 @@ confirms them before it acknowledges the operation.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Awaitable
-from typing import Any
 
 import orjson
 from faust.types import TableT
@@ -23,9 +21,7 @@ from streams import changelog
 from streams.app import ContextApp
 from streams.tables import batch_key
 
-__all__ = ["ContextStore", "Written"]
-
-Written = list[tuple[TableT[str, bytes], Awaitable[Any]]]
+__all__ = ["ContextStore"]
 
 
 class ContextStore:
@@ -82,7 +78,7 @@ class ContextStore:
             seq = batch.seq_to + 1
         return SessionContext.model_construct(**header, batches=batches)
 
-    def save(self, before: SessionContext, after: SessionContext) -> Written:
+    def save(self, before: SessionContext, after: SessionContext) -> changelog.Written:
         """Write the difference from ``before`` to ``after``: new batches, then the
         header, then deletions.
 
@@ -97,7 +93,7 @@ class ContextStore:
         """
         sid = after.session_id
         new, deleted = _changed_batches(before, after)
-        written: Written = []
+        written: changelog.Written = []
 
         def put(key: str, value: bytes | None) -> None:
             written.append((self._table, changelog.write(self._app, self._table, key, value)))

@@ -28,7 +28,7 @@ from tenacity import (
 from schemas import ActionsWritten, InvalidMessage, SessionLink, context_operation_adapter, decode
 from sinks.base import ContextSink, LinkAwareSink, Operation, PermanentSinkError
 from sinks.context import Skip
-from sinks.context_store import ContextStore, Written
+from sinks.context_store import ContextStore
 from streams import changelog, metrics
 from streams.app import ContextApp
 from streams.batch_source import BatchSource
@@ -110,7 +110,9 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             with attempt:
                 await call()
 
-    async def apply_operation(session_id: str, message: Message, op: Operation) -> Written:
+    async def apply_operation(
+        session_id: str, message: Message, op: Operation
+    ) -> changelog.Written:
         before = store.load(session_id)
         try:
             context = before.advanced(op)
@@ -132,7 +134,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
                 action_age.observe(max(time.time() - acted_at, 0.0))
         return written
 
-    async def apply_link(session_id: str, message: Message, link: SessionLink) -> Written:
+    async def apply_link(session_id: str, message: Message, link: SessionLink) -> changelog.Written:
         assert isinstance(sink, LinkAwareSink)
         before = store.load(session_id)
         context = before.model_copy(deep=True)  # the sink may change its ``extra``

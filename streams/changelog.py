@@ -24,7 +24,7 @@ overlay (``streams.write_behind``) or by waiting for :func:`confirm`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable
 from typing import Any, cast
 
 from faust.stores.memory import Store as MemoryStore
@@ -33,7 +33,10 @@ from faust.types import TableT
 
 from streams.app import ContextApp
 
-__all__ = ["confirm", "read", "write"]
+__all__ = ["Written", "confirm", "read", "write"]
+
+# Changelog records written and not yet confirmed: (table, the broker's acknowledgement).
+Written = list[tuple[TableT[str, bytes], Awaitable[Any]]]
 
 
 def write(
@@ -90,7 +93,7 @@ def _store_put(store: Any, key: str, value: bytes | None, partition: int) -> Non
         store[key] = memoryview(value).tobytes()
 
 
-async def confirm(written: Iterable[tuple[TableT[str, bytes], Awaitable[Any]]]) -> None:
+async def confirm(written: Written) -> None:
     """Wait for the records' acknowledgements; RocksDB stores note the newest offsets."""
     newest: dict[tuple[int, Any], tuple[TableT[str, bytes], int]] = {}
     for table, ack in written:

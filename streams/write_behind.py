@@ -32,6 +32,7 @@ from faust.types import TableT
 
 from streams import changelog
 from streams.app import ContextApp
+from streams.changelog import Written
 
 __all__ = ["WriteBehind"]
 
@@ -46,7 +47,7 @@ class _Unit:
     acks: list[Awaitable[Any]] = field(default_factory=list)  # broker acknowledgements
     writes: list[_Write] = field(default_factory=list)
     inputs: list[tuple[Any, Any]] = field(default_factory=list)  # (source, record) to ack
-    changelog: list[tuple[TableT[str, bytes], Awaitable[Any]]] = field(default_factory=list)
+    changelog: Written = field(default_factory=list)  # records to confirm
 
 
 class WriteBehind:
