@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ class StandInConsumer:
     _read_offset: dict[TP, int | None] = field(default_factory=dict)
     _ac_seek_epoch: int = 0
     reseeks: int = 0
+    app: Any = field(default_factory=lambda: SimpleNamespace(in_recovery=False))
 
     def _is_changelog_tp(self, tp: TP) -> bool:
         return tp.topic.endswith("-changelog")
@@ -77,3 +79,25 @@ async def test_a_batch_without_a_seek_is_delivered_whole(monkeypatch: pytest.Mon
 
     assert delivered == [0, 1, 2]
     assert consumer.reseeks == 0
+
+
+async def test_during_recovery_the_stream_is_left_to_recovery_s_own_seek(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    consumer = StandInConsumer(app=SimpleNamespace(in_recovery=True))
+
+    async def fetched(self: Any, timeout: float) -> AsyncIterator[tuple[TP, Record]]:
+        self._ac_seek_epoch += 2
+        yield STREAM, Record(5)
+        yield CHANGELOG, Record(7)
+
+    async def reseek(self: Any) -> None:
+        self.reseeks += 1
+
+    monkeypatch.setattr(faust_patches, "_original_getmany", fetched)
+    monkeypatch.setattr(faust_patches, "_perform_seek", reseek)
+
+    delivered = [(tp, r.offset) async for tp, r in faust_patches._getmany(consumer, 1.0)]  # type: ignore[arg-type]
+
+    assert delivered == [(CHANGELOG, 7)]
+    assert consumer.reseeks == 0  # recovery's completion seeks the stream partitions
