@@ -161,11 +161,14 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             await acks.done(ticket)
             return
         payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
+        lanes.mark(session_id, "summarizing (LLM)")
         try:
             text = await summarizer.summarize(state.summary, payloads)
         except LLMError as exc:
+            lanes.mark(session_id, "recording a failed summary")
             await give_up(ticket.message, request, state, exc)
         else:
+            lanes.mark(session_id, "emitting its summary")
             await emit_summary(request, state, text)
             state.summary, state.covered_to = text, request.seq_to
             state.carry, state.carry_from = [], None
@@ -173,12 +176,14 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         state.updated_at = time.time()
         closed = request.final and not state.pending  # then its state expires
         value = None if closed else state.to_bytes()
+        lanes.mark(session_id, "waiting for its changelog record")
         await changelog.confirm([(table, changelog.write(app, table, session_id, value))])
         await acks.done(ticket)  # only now, and in offset order, may Faust commit past it
 
     lanes: Lanes[tuple[Any, SummarizeRequest]] = Lanes(
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
     )
+    app.watch_lanes(lanes, "summarize")
     # Lanes finish out of order; Faust must see acks in offset order (see InOrderAcks).
     acks = InOrderAcks()
 

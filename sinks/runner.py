@@ -120,6 +120,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             metrics.REPLAYS_SKIPPED.labels(f"sink-{sink.name}").inc()
             return []
         outcome = "applied"
+        lanes.mark(session_id, f"delivering {op.op}")
         try:
             await deliver(lambda: sink.apply(op, context))
         except PermanentSinkError as exc:
@@ -138,6 +139,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
         assert isinstance(sink, LinkAwareSink)
         before = store.load(session_id)
         context = before.model_copy(deep=True)  # the sink may change its ``extra``
+        lanes.mark(session_id, "delivering a link")
         try:
             await deliver(lambda: sink.link(session_id, link.conversation_id, context))
         except PermanentSinkError as exc:
@@ -152,12 +154,14 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             written = await apply_link(session_id, tracked.message, decoded)
         else:
             written = await apply_operation(session_id, tracked.message, decoded)
+        lanes.mark(session_id, "waiting for its changelog records")
         await changelog.confirm(written)  # the context is durable ...
         await acks.done(tracked)  # ... only now may Faust commit past this offset
 
     lanes: Lanes[LaneItem] = Lanes(
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
     )
+    app.watch_lanes(lanes, f"sink-{sink.name}")
 
     operations = BatchSource(app, topics.context, max_buffered=settings.batch_buffer)
 

@@ -21,8 +21,9 @@ import faust
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 
-from streams import faust_patches
+from streams import faust_patches, metrics
 from streams.appender import Appender
+from streams.lanes import Lanes
 from streams.settings import Settings
 from streams.topics import DEAD_LETTER_MAX_BYTES, ensure_topics
 
@@ -84,6 +85,36 @@ class ContextApp(faust.App):
         # Called by Faust just before its aiohttp router is frozen.
         for prefix, factory in self._mounts:
             web.web_app.add_subapp(prefix, factory())
+
+    def watch_lanes(self, lanes: Lanes[Any], stage: str) -> None:
+        """Report ``lanes``' items in progress for ``stall_warning_s`` or more: a
+        warning naming the sessions and what each waits on, and two gauges.
+
+        A lane that waits for ever holds its session and, through in-order
+        acknowledgement, the commits of its partition; nothing else shows it.
+        """
+        threshold = self.settings.stall_warning_s
+        stalled_gauge = metrics.LANES_STALLED.labels(stage)
+        oldest_gauge = metrics.OLDEST_LANE_ITEM.labels(stage)
+
+        async def report_stalled_lanes() -> None:
+            stalled = lanes.stalled(threshold)
+            oldest = lanes.stalled(0.0)[:1]
+            stalled_gauge.set(len(stalled))
+            oldest_gauge.set(oldest[0][1] if oldest else 0.0)
+            if stalled:
+                shown = ", ".join(f"{key} ({age:.0f}s, {at})" for key, age, at in stalled[:5])
+                log.warning(
+                    "%s: %d session(s) on one message for over %.0fs: %s",
+                    stage,
+                    len(stalled),
+                    threshold,
+                    shown,
+                )
+
+        self.timer(max(threshold / 4, 1.0), name=f"{stage}.report_stalled_lanes")(
+            report_stalled_lanes
+        )
 
     async def crash_on_lane_error(self, key: str, exc: BaseException) -> None:
         """``Lanes(on_error=...)``: a bug processed a session's message. Exit non-zero

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
@@ -58,6 +59,10 @@ class Lanes(Generic[T]):
         self._room = asyncio.Semaphore(max_pending)
         self._idle = asyncio.Event()
         self._idle.set()
+        # Per busy key: when its current item started (monotonic) and what it is at
+        # (``mark``), so that an item that never finishes is visible (``stalled``).
+        self._started: dict[str, float] = {}
+        self._stage: dict[str, str] = {}
 
     @property
     def pending(self) -> int:
@@ -85,6 +90,8 @@ class Lanes(Generic[T]):
         try:
             while queue:
                 item = queue[0]
+                self._started[key] = time.monotonic()
+                self._stage[key] = "started"
                 try:
                     await self._handler(key, item)
                 finally:
@@ -108,8 +115,25 @@ class Lanes(Generic[T]):
         finally:
             del self._tasks[key]
             del self._queues[key]
+            self._started.pop(key, None)
+            self._stage.pop(key, None)
             if not self._tasks:
                 self._idle.set()
+
+    def mark(self, key: str, stage: str) -> None:
+        """Note what ``key``'s current item is doing now (shown by ``stalled``)."""
+        self._stage[key] = stage
+
+    def stalled(self, older_than_s: float) -> list[tuple[str, float, str]]:
+        """(key, seconds, stage) of each item in progress for ``older_than_s`` or more,
+        longest first."""
+        now = time.monotonic()
+        found = [
+            (key, now - started, self._stage.get(key, ""))
+            for key, started in self._started.items()
+            if now - started >= older_than_s
+        ]
+        return sorted(found, key=lambda entry: -entry[1])
 
     async def join(self) -> None:
         """Wait until every lane is empty."""

@@ -76,6 +76,16 @@ ACTION_AGE_AT_SINK = Histogram(
         86400,
     ),
 )
+LANES_STALLED = Gauge(
+    "ac_lane_items_stalled",
+    "Sessions whose message in progress has been at it for AC_STALL_WARNING_S or more",
+    ["stage"],
+)
+OLDEST_LANE_ITEM = Gauge(
+    "ac_lane_oldest_item_seconds",
+    "How long the longest-running session message in progress has been at it",
+    ["stage"],
+)
 CONSUMER_LAG = Gauge(
     "ac_consumer_lag",
     "Per input partition assigned to this worker: log end offset minus its consumer"

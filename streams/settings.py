@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     max_in_flight_requests: int = Field(default=2000, ge=1)
     # Records a worker buffers per input topic before pausing fetching (streams/batch_source.py).
     batch_buffer: int = Field(default=4096, ge=1)
+    # A session's message in progress this long is reported (a log warning and
+    # ac_lane_items_stalled): a destination or LLM that retries for ever, or a hang.
+    stall_warning_s: float = Field(default=60.0, gt=0)
 
     # Sinks
     sink: str = "files"  # a built-in name, an entry point name, or "pkg.mod:factory"

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -350,6 +351,13 @@ def llm_env(env: dict[str, str], llm: FakeOpenAIServer, threshold: int) -> dict[
     }
 
 
+async def actions_applied(sink: Worker, sid: str) -> int:
+    """How far the sink's context of ``sid`` goes (its pull view), 0 before it has one."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        response = await client.get(f"{sink.url}/sessions/{sid}/context")
+    return int(response.json()["actions_applied"]) if response.status_code == 200 else 0
+
+
 def conversation_of(sid: str) -> str:
     return f"conv-{sid}"
 
@@ -396,20 +404,37 @@ def note_log(server: FakeIntercomServer, sid: str) -> list[tuple[Part, tuple[str
     return out
 
 
-def settled(server: FakeIntercomServer, payloads: list[dict[str, Any]], threshold: int) -> bool:
-    """Every session: the last summary note up, every later action noted, nothing stale left."""
+def unsettled(
+    server: FakeIntercomServer, payloads: list[dict[str, Any]], threshold: int
+) -> dict[str, str]:
+    """Per session not yet settled (the last summary note up, every later action
+    noted, nothing stale left), what its conversation shows instead."""
     crossings = expected_summary_ranges(payloads, threshold)
+    waiting = {}
     for sid, total in totals(payloads).items():
         visible = [m for part, m in note_log(server, sid) if not part.redacted]
         last = crossings[sid][-1] if crossings[sid] else 0
         summaries = [m for m in visible if m[0] == "summary"]
-        if last and summaries != [("summary", 1, last)]:
-            return False
         rest = sorted(m for m in visible if m[0] != "summary")
         covered = [n for m in rest for n in range(m[1], m[2] + 1)]
-        if covered != list(range(last + 1, total + 1)):
-            return False
-    return True
+        if (last and summaries != [("summary", 1, last)]) or covered != list(
+            range(last + 1, total + 1)
+        ):
+            waiting[sid] = f"expected summary 1-{last} and actions to {total}; visible {visible}"
+    return waiting
+
+
+def settled(server: FakeIntercomServer, payloads: list[dict[str, Any]], threshold: int) -> bool:
+    return not unsettled(server, payloads, threshold)
+
+
+def not_settled_yet(
+    server: FakeIntercomServer, payloads: list[dict[str, Any]], threshold: int
+) -> str:
+    """The timeout message of a wait for ``settled``: what each late session shows."""
+    waiting = unsettled(server, payloads, threshold)
+    lines = [f"{sid}: {why}" for sid, why in sorted(waiting.items())]
+    return f"calls so far: {len(server.calls)}; not settled:\n" + "\n".join(lines)
 
 
 def check_destination(
@@ -495,18 +520,39 @@ async def test_intercom_end_to_end_with_a_late_link_and_a_rate_limit_storm(
         for sid in sids:
             server.add_conversation(conversation_of(sid))
         pipe = Pipeline(llm_env(worker_env, llm, threshold), tmp_path, workers)
-        started = [pipe.start_pipeline(), pipe.start_sink("intercom", **sink_env(server))]
+        sink = pipe.start_sink("intercom", **sink_env(server))
+        started = [pipe.start_pipeline(), sink]
         await asyncio.gather(*(w.wait_ready() for w in started))
         server.storm(0.3, reset_s=1)
         await produce(pipe.env, payloads[:split])
         await wait_for(lambda: len(server.answered("reply")) >= 10, timeout=60)
+        # The link lands mid-stream: after the late sessions' first actions reached the
+        # sink (so they wait for it), before their later summaries. Were it applied after
+        # a session's last summary, its catch-up note would hold that summary for good,
+        # a valid end the checks below do not expect (a race the test used to leave open).
+        early = totals(payloads[:split])
+        seen: dict[str, int] = {}
+
+        async def early_actions_applied() -> bool:
+            for sid in late:
+                seen[sid] = await actions_applied(sink, sid)
+            return all(seen[sid] == early[sid] for sid in late)
+
+        await wait_for(
+            early_actions_applied, timeout=60, message=lambda: f"applied {seen} of {early}"
+        )
         await produce_links(pipe.env, sorted(late))
+        await wait_for(
+            lambda: all(any(m[0] == "catch-up" for _, m in note_log(server, s)) for s in late),
+            timeout=60,
+            message=lambda: str({s: note_log(server, s) for s in late}),
+        )
         await produce(pipe.env, payloads[split:])
         await wait_for(
             lambda: settled(server, payloads, threshold),
             timeout=150,
             interval=0.5,
-            message=lambda: f"calls so far: {len(server.calls)}",
+            message=lambda: not_settled_yet(server, payloads, threshold),
         )
         storm_calls = [c for c in server.calls if c.status == 429]
         assert len(storm_calls) >= 10, "the storm did not happen"
@@ -560,7 +606,7 @@ async def test_intercom_sink_killed_mid_stream_posts_nothing_twice(
             lambda: settled(server, payloads, threshold),
             timeout=120,
             interval=0.5,
-            message=lambda: f"calls so far: {len(server.calls)}",
+            message=lambda: not_settled_yet(server, payloads, threshold),
         )
         assert len(server.calls) > killed_at
         assert server.answered("get"), "the restarted sink never looked before posting"

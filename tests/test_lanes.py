@@ -72,3 +72,27 @@ async def test_order_per_key_and_concurrency_across_keys() -> None:
     await asyncio.wait_for(lanes.join(), 5)
     assert seen == {key: list(range(20)) for key in ("a", "b", "c")}
     assert overlap > 1
+
+
+async def test_an_item_in_progress_shows_as_stalled_with_its_stage_until_it_finishes() -> None:
+    release = asyncio.Event()
+    finished: list[str] = []
+
+    async def handler(key: str, item: int) -> None:
+        if key == "stuck":
+            lanes.mark(key, "waiting for the destination")
+            await release.wait()
+        finished.append(key)
+
+    lanes: Lanes[int] = Lanes(handler)
+    await lanes.submit("stuck", 1)
+    await lanes.submit("fast", 1)
+    await wait_for(lambda: finished == ["fast"], timeout=5, message=str(finished))
+
+    stalled = lanes.stalled(0.0)
+    assert [(key, stage) for key, _, stage in stalled] == [("stuck", "waiting for the destination")]
+    assert stalled[0][1] >= 0.0
+    assert lanes.stalled(3600.0) == []  # not that old
+    release.set()
+    await asyncio.wait_for(lanes.join(), 5)
+    assert lanes.stalled(0.0) == []

@@ -247,6 +247,7 @@ async def test_a_stuck_session_is_not_committed_past_by_later_sessions(
         AC_FORMAT_ACTIONS="tests.support.plugins:format_with_session",
         AC_LLM_TIMEOUT_S="120",
         AC_IDLE_TIMEOUT_S="3600",
+        AC_STALL_WARNING_S="2",
     )
     pipeline = cluster.pipeline()
     sink = cluster.sink(FLAKY, AC_OUTAGE_FILE=str(outage), AC_OUTAGE_MATCH="stuck")
@@ -273,6 +274,14 @@ async def test_a_stuck_session_is_not_committed_past_by_later_sessions(
         return not [where for where in behind if where.endswith(f":{1 - home}")]
 
     await wait_for(marker_committed, timeout=60, interval=0.5, message=lambda: str(behind))
+    # Each worker names the stuck session and what it waits on; the fast ones are not named.
+    for worker, stage in ((pipeline, "summarizing (LLM)"), (sink, "delivering actions_written")):
+        await wait_for(
+            lambda w=worker, at=stage: f"{stuck} (" in w.since_start() and at in w.since_start(),
+            timeout=30,
+            message=lambda w=worker: w.since_start()[-2000:],
+        )
+        assert not any(f"{sid} (" in worker.since_start() for sid in fast)
     # Neither commit passed the stuck head of its partition.
     heads = {
         topic: min(
