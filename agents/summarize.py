@@ -183,7 +183,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
     lanes: Lanes[tuple[Any, SummarizeRequest]] = Lanes(
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
     )
-    app.watch_lanes(lanes, "summarize")
+    app.manage_lanes(lanes, "summarize")
     # Lanes finish out of order; Faust must see acks in offset order (see InOrderAcks).
     acks = InOrderAcks()
 

@@ -161,7 +161,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
     lanes: Lanes[LaneItem] = Lanes(
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
     )
-    app.watch_lanes(lanes, f"sink-{sink.name}")
+    app.manage_lanes(lanes, f"sink-{sink.name}")
 
     operations = BatchSource(app, topics.context, max_buffered=settings.batch_buffer)
 

@@ -45,6 +45,8 @@ class ContextApp(faust.App):
         super().__init__(app_id, **options)
         self.settings = settings
         self._mounts: list[tuple[str, Callable[[], aiohttp.web.Application]]] = []
+        self._lanes: list[Lanes[Any]] = []
+        self._stopping = False
 
     async def produce(
         self, topic: str, key: bytes, value: bytes | None, partition: int | None = None
@@ -86,13 +88,15 @@ class ContextApp(faust.App):
         for prefix, factory in self._mounts:
             web.web_app.add_subapp(prefix, factory())
 
-    def watch_lanes(self, lanes: Lanes[Any], stage: str) -> None:
-        """Report ``lanes``' items in progress for ``stall_warning_s`` or more: a
-        warning naming the sessions and what each waits on, and two gauges.
+    def manage_lanes(self, lanes: Lanes[Any], stage: str) -> None:
+        """Watch ``lanes`` for stalls, and bound how long a stop waits for them.
 
         A lane that waits for ever holds its session and, through in-order
-        acknowledgement, the commits of its partition; nothing else shows it.
+        acknowledgement, the commits of its partition, and nothing else shows it:
+        items in progress for ``stall_warning_s`` or more are reported (a warning
+        naming the sessions and what each waits on, and two gauges).
         """
+        self._lanes.append(lanes)
         threshold = self.settings.stall_warning_s
         stalled_gauge = metrics.LANES_STALLED.labels(stage)
         oldest_gauge = metrics.OLDEST_LANE_ITEM.labels(stage)
@@ -115,6 +119,43 @@ class ContextApp(faust.App):
         self.timer(max(threshold / 4, 1.0), name=f"{stage}.report_stalled_lanes")(
             report_stalled_lanes
         )
+
+    async def on_stop(self) -> None:
+        self._stopping = True
+        await super().on_stop()
+
+    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
+        """Faust's wait for messages in progress, bounded by ``stop_grace_s`` on a stop.
+
+        Fix (found when a test's destination went away under a sink): on SIGTERM
+        Faust waits until every message taken is acknowledged, so a sink whose
+        destination is down, retrying with backoff, never stopped. After the grace
+        period the lanes are cancelled; what they held is not acknowledged, so it is
+        not committed, and it is redelivered (idempotently) after the restart.
+        Rebalances keep Faust's unbounded wait: a partition's work in progress
+        must end before another worker takes the partition.
+        """
+        if not self._stopping:
+            await super()._consumer_wait_empty(consumer, logger)
+            return
+        grace = self.settings.stop_grace_s
+        waiting = asyncio.ensure_future(super()._consumer_wait_empty(consumer, logger))
+        done, _ = await asyncio.wait({waiting}, timeout=grace)
+        if not done:
+            busy = sum(lanes.active_keys for lanes in self._lanes)
+            log.warning(
+                "stopping with %d session(s) still in progress after %.0fs; their messages "
+                "are not committed and are redelivered after the restart",
+                busy,
+                grace,
+            )
+            for lanes in self._lanes:
+                await lanes.close()
+            # Faust's wait swallows cancellation, so let it end instead: it stops
+            # waiting for what the lanes held (not acknowledged, so not committed)
+            # and commits what was acknowledged.
+            consumer._unacked_messages.clear()
+        await waiting
 
     async def crash_on_lane_error(self, key: str, exc: BaseException) -> None:
         """``Lanes(on_error=...)``: a bug processed a session's message. Exit non-zero

@@ -77,6 +77,8 @@ class Settings(BaseSettings):
     # A session's message in progress this long is reported (a log warning and
     # ac_lane_items_stalled): a destination or LLM that retries for ever, or a hang.
     stall_warning_s: float = Field(default=60.0, gt=0)
+    # On SIGTERM, how long messages in progress may take before they are left to replay.
+    stop_grace_s: float = Field(default=10.0, ge=0)
 
     # Sinks
     sink: str = "files"  # a built-in name, an entry point name, or "pkg.mod:factory"

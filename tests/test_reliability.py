@@ -248,6 +248,7 @@ async def test_a_stuck_session_is_not_committed_past_by_later_sessions(
         AC_LLM_TIMEOUT_S="120",
         AC_IDLE_TIMEOUT_S="3600",
         AC_STALL_WARNING_S="2",
+        AC_STOP_GRACE_S="2",
     )
     pipeline = cluster.pipeline()
     sink = cluster.sink(FLAKY, AC_OUTAGE_FILE=str(outage), AC_OUTAGE_MATCH="stuck")
@@ -294,7 +295,16 @@ async def test_a_stuck_session_is_not_committed_past_by_later_sessions(
             committed = (await committed_offsets(cluster.env, group, topic)).get(home, 0)
             assert committed <= heads[topic], f"{group} committed {topic}:{home} past {heads}"
     pipeline.kill()
-    sink.kill()
+    # A SIGTERM while the destination is still down: the sink stops after its grace
+    # period (it used to wait for ever), leaving the stuck operation uncommitted.
+    assert sink.process is not None
+    stopping = time.monotonic()
+    sink.stop(timeout=30)
+    assert time.monotonic() - stopping < 20 and sink.process.returncode == 0, (
+        sink.process.returncode,
+        sink.since_start()[-2000:],
+    )
+    assert "stopping with 1 session(s) still in progress" in sink.since_start()
     gate.unlink()
     outage.unlink()
     pipeline.start()
