@@ -43,7 +43,7 @@ END_TO_END = Histogram(
     "ac_end_to_end_seconds",
     "From an operation's emission to its application at a sink",
     ["sink"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.075, 0.09, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 ACTION_AGE_AT_SINK = Histogram(
     "ac_action_age_at_sink_seconds",
@@ -52,14 +52,19 @@ ACTION_AGE_AT_SINK = Histogram(
     " actions show their true (large) age",
     ["sink"],
     # Fine below 250 ms: that is where a healthy pipeline's latency lives (and
-    # where the benchmark reads p50/p99); coarse beyond for backlogs and replays.
+    # where the benchmark reads p50/p99: 90 ms tells "under 100 ms" from "about
+    # 100"); coarse beyond for backlogs and replays.
     buckets=(
         0.01,
         0.02,
         0.03,
+        0.04,
         0.05,
+        0.06,
         0.075,
+        0.09,
         0.1,
+        0.125,
         0.15,
         0.25,
         0.5,
