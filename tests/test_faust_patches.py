@@ -7,7 +7,7 @@ stand-in for Faust's consumer that has just what the patched method reads.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +19,8 @@ from streams import faust_patches
 
 STREAM = TP("t.context", 0)
 CHANGELOG = TP("app-contexts-changelog", 0)
+# The fetch a test scripts: what Faust's own getmany would yield, seeks included.
+Fetch = Callable[[Any, float], AsyncIterator[tuple[TP, "Record"]]]
 
 
 @dataclass
@@ -37,6 +39,19 @@ class StandInConsumer:
         return tp.topic.endswith("-changelog")
 
 
+async def deliver(
+    monkeypatch: pytest.MonkeyPatch, consumer: StandInConsumer, fetched: Fetch
+) -> list[tuple[TP, int]]:
+    """What the patched ``getmany`` delivers of ``fetched``; re-seeks are counted."""
+
+    async def reseek(self: Any) -> None:
+        self.reseeks += 1
+
+    monkeypatch.setattr(faust_patches, "_original_getmany", fetched)
+    monkeypatch.setattr(faust_patches, "_perform_seek", reseek)
+    return [(tp, r.offset) async for tp, r in faust_patches._getmany(consumer, 1.0)]  # type: ignore[arg-type]
+
+
 async def test_stream_records_fetched_across_a_seek_are_refetched_changelog_records_delivered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -49,13 +64,7 @@ async def test_stream_records_fetched_across_a_seek_are_refetched_changelog_reco
         yield STREAM, Record(11)
         yield CHANGELOG, Record(1)
 
-    async def reseek(self: Any) -> None:
-        self.reseeks += 1
-
-    monkeypatch.setattr(faust_patches, "_original_getmany", fetched)
-    monkeypatch.setattr(faust_patches, "_perform_seek", reseek)
-
-    delivered = [(tp, r.offset) async for tp, r in faust_patches._getmany(consumer, 1.0)]  # type: ignore[arg-type]
+    delivered = await deliver(monkeypatch, consumer, fetched)
 
     # Recovery positions changelog partitions itself: dropping these lost them for good.
     assert delivered == [(STREAM, 10), (CHANGELOG, 0), (CHANGELOG, 1)]
@@ -69,15 +78,9 @@ async def test_a_batch_without_a_seek_is_delivered_whole(monkeypatch: pytest.Mon
         for offset in range(3):
             yield STREAM, Record(offset)
 
-    async def reseek(self: Any) -> None:
-        self.reseeks += 1
+    delivered = await deliver(monkeypatch, consumer, fetched)
 
-    monkeypatch.setattr(faust_patches, "_original_getmany", fetched)
-    monkeypatch.setattr(faust_patches, "_perform_seek", reseek)
-
-    delivered = [r.offset async for _, r in faust_patches._getmany(consumer, 1.0)]  # type: ignore[arg-type]
-
-    assert delivered == [0, 1, 2]
+    assert delivered == [(STREAM, 0), (STREAM, 1), (STREAM, 2)]
     assert consumer.reseeks == 0
 
 
@@ -91,13 +94,7 @@ async def test_during_recovery_the_stream_is_left_to_recovery_s_own_seek(
         yield STREAM, Record(5)
         yield CHANGELOG, Record(7)
 
-    async def reseek(self: Any) -> None:
-        self.reseeks += 1
-
-    monkeypatch.setattr(faust_patches, "_original_getmany", fetched)
-    monkeypatch.setattr(faust_patches, "_perform_seek", reseek)
-
-    delivered = [(tp, r.offset) async for tp, r in faust_patches._getmany(consumer, 1.0)]  # type: ignore[arg-type]
+    delivered = await deliver(monkeypatch, consumer, fetched)
 
     assert delivered == [(CHANGELOG, 7)]
     assert consumer.reseeks == 0  # recovery's completion seeks the stream partitions
