@@ -102,10 +102,10 @@ class ContextApp(faust.App):
         oldest_gauge = metrics.OLDEST_LANE_ITEM.labels(stage)
 
         async def report_stalled_lanes() -> None:
-            stalled = lanes.stalled(threshold)
-            oldest = lanes.stalled(0.0)[:1]
+            busy = lanes.stalled(0.0)  # every item in progress, longest first
+            stalled = [entry for entry in busy if entry[1] >= threshold]
             stalled_gauge.set(len(stalled))
-            oldest_gauge.set(oldest[0][1] if oldest else 0.0)
+            oldest_gauge.set(busy[0][1] if busy else 0.0)
             if stalled:
                 shown = ", ".join(f"{key} ({age:.0f}s, {at})" for key, age, at in stalled[:5])
                 log.warning(
