@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -7,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.support.broker import kafka_broker
+from tests.support.kafka_io import delete_topics
 from tests.support.workers import Worker, unique_env
 
 
@@ -17,17 +19,34 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture
-def worker_env(kafka_bootstrap: str, tmp_path: Path) -> dict[str, str]:
-    return unique_env(kafka_bootstrap, tmp_path)
+async def worker_env(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+    """A test's own topics and groups; its topics are deleted at the end."""
+    env = unique_env(kafka_bootstrap, tmp_path)
+    yield env
+    await _delete_topics_of(env)
 
 
 @pytest.fixture
-async def workers(tmp_path: Path) -> AsyncIterator[list[Worker]]:
-    """Workers started by a test; all stopped (and their logs kept) at the end."""
+async def workers(worker_env: dict[str, str], tmp_path: Path) -> AsyncIterator[list[Worker]]:
+    """Workers started by a test; all stopped (and their logs kept) at the end, and
+    their topics deleted: a development broker kept ~160 topics per run otherwise.
+    (It asks for ``worker_env`` so that it is torn down first: workers stop, then
+    the topics go.)"""
     started: list[Worker] = []
     yield started
     for worker in started:
         worker.stop()
+    keys = ("KAFKA_BOOTSTRAP_SERVERS", "AC_TOPIC_PREFIX", "AC_APP_ID")
+    envs = {tuple(w.env[k] for k in keys): w.env for w in started if all(k in w.env for k in keys)}
+    for env in envs.values():
+        await _delete_topics_of(env)
+
+
+async def _delete_topics_of(env: dict[str, str]) -> None:
+    try:
+        await asyncio.wait_for(delete_topics(env), 30)
+    except Exception as exc:
+        print(f"[tests] topics of {env['AC_TOPIC_PREFIX']} not deleted: {exc!r}")
 
 
 WORKER_LOG_TAIL_LINES = 60

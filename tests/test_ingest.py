@@ -30,6 +30,7 @@ from schemas import ActionsPayload, DeadLetter, decode
 from streams.producer import ActionsProducer, ProduceError
 from streams.settings import Settings
 from streams.topics import ensure_topics
+from tests.support.kafka_io import delete_topics
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -160,14 +161,17 @@ def expected_partition(session_id: str, partitions: int) -> int:
 
 
 @pytest.fixture
-async def settings(kafka_bootstrap: str) -> Settings:
-    s = Settings(
-        kafka_bootstrap_servers=kafka_bootstrap,
-        topic_prefix=f"t{uuid.uuid4().hex[:8]}.",
-        partitions=4,
-    )
+async def settings(kafka_bootstrap: str) -> AsyncIterator[Settings]:
+    tag = uuid.uuid4().hex[:8]
+    s = Settings(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=f"t{tag}.", partitions=4)
     await ensure_topics(s)
-    return s
+    yield s
+    env = {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "AC_TOPIC_PREFIX": s.topic_prefix,
+        "AC_APP_ID": f"test-{tag}",
+    }
+    await asyncio.wait_for(delete_topics(env), 30)
 
 
 @pytest.fixture
