@@ -102,7 +102,7 @@ class ContextApp(faust.App):
         oldest_gauge = metrics.OLDEST_LANE_ITEM.labels(stage)
 
         async def report_stalled_lanes() -> None:
-            busy = lanes.stalled(0.0)  # every item in progress, longest first
+            busy = lanes.in_progress()  # longest first
             stalled = [entry for entry in busy if entry[1] >= threshold]
             stalled_gauge.set(len(stalled))
             oldest_gauge.set(busy[0][1] if busy else 0.0)

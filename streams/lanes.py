@@ -60,7 +60,7 @@ class Lanes(Generic[T]):
         self._idle = asyncio.Event()
         self._idle.set()
         # Per busy key: when its current item started (monotonic) and what it is at
-        # (``mark``), so that an item that never finishes is visible (``stalled``).
+        # (``mark``), so that an item that never finishes is visible (``in_progress``).
         self._started: dict[str, float] = {}
         self._stage: dict[str, str] = {}
 
@@ -121,18 +121,13 @@ class Lanes(Generic[T]):
                 self._idle.set()
 
     def mark(self, key: str, stage: str) -> None:
-        """Note what ``key``'s current item is doing now (shown by ``stalled``)."""
+        """Note what ``key``'s current item is doing now (shown by ``in_progress``)."""
         self._stage[key] = stage
 
-    def stalled(self, older_than_s: float) -> list[tuple[str, float, str]]:
-        """(key, seconds, stage) of each item in progress for ``older_than_s`` or more,
-        longest first."""
+    def in_progress(self) -> list[tuple[str, float, str]]:
+        """(key, seconds so far, stage) of each item in progress, longest first."""
         now = time.monotonic()
-        found = [
-            (key, now - started, self._stage.get(key, ""))
-            for key, started in self._started.items()
-            if now - started >= older_than_s
-        ]
+        found = [(key, now - t, self._stage.get(key, "")) for key, t in self._started.items()]
         return sorted(found, key=lambda entry: -entry[1])
 
     async def join(self) -> None:

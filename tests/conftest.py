@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -8,7 +7,7 @@ from typing import Any
 import pytest
 
 from tests.support.broker import kafka_broker
-from tests.support.kafka_io import delete_topics
+from tests.support.kafka_io import delete_topics_at_the_end
 from tests.support.workers import Worker, unique_env
 
 
@@ -23,7 +22,7 @@ async def worker_env(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[dict
     """A test's own topics and groups; its topics are deleted at the end."""
     env = unique_env(kafka_bootstrap, tmp_path)
     yield env
-    await _delete_topics_of(env)
+    await delete_topics_at_the_end(env)
 
 
 @pytest.fixture
@@ -39,14 +38,7 @@ async def workers(worker_env: dict[str, str], tmp_path: Path) -> AsyncIterator[l
     keys = ("KAFKA_BOOTSTRAP_SERVERS", "AC_TOPIC_PREFIX", "AC_APP_ID")
     envs = {tuple(w.env[k] for k in keys): w.env for w in started if all(k in w.env for k in keys)}
     for env in envs.values():
-        await _delete_topics_of(env)
-
-
-async def _delete_topics_of(env: dict[str, str]) -> None:
-    try:
-        await asyncio.wait_for(delete_topics(env), 30)
-    except Exception as exc:
-        print(f"[tests] topics of {env['AC_TOPIC_PREFIX']} not deleted: {exc!r}")
+        await delete_topics_at_the_end(env)
 
 
 WORKER_LOG_TAIL_LINES = 60

@@ -29,7 +29,7 @@ from schemas import DeadLetter, encode
 from streams.settings import Settings
 from streams.synthetic import interleaved_payloads, plan_sessions
 from streams.topics import ensure_topics
-from tests.support.kafka_io import delete_topics
+from tests.support.kafka_io import delete_topics_at_the_end
 from tests.support.pipeline import expected_summary_ranges, settings_from
 from tests.support.waiting import wait_for
 from tests.support.workers import ROOT, Worker, unique_env
@@ -65,7 +65,7 @@ async def deployment(
     finally:
         pipeline.stop()
         sink.stop()
-        await asyncio.wait_for(delete_topics(env), 30)
+        await delete_topics_at_the_end(env)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -30,7 +30,7 @@ from schemas import ActionsPayload, DeadLetter, decode
 from streams.producer import ActionsProducer, ProduceError
 from streams.settings import Settings
 from streams.topics import ensure_topics
-from tests.support.kafka_io import delete_topics
+from tests.support.kafka_io import delete_topics_at_the_end
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -171,7 +171,7 @@ async def settings(kafka_bootstrap: str) -> AsyncIterator[Settings]:
         "AC_TOPIC_PREFIX": s.topic_prefix,
         "AC_APP_ID": f"test-{tag}",
     }
-    await asyncio.wait_for(delete_topics(env), 30)
+    await delete_topics_at_the_end(env)
 
 
 @pytest.fixture

@@ -50,7 +50,7 @@ from tests.support.kafka_io import (
     Record,
     StreamProducer,
     committed_offsets,
-    delete_topics,
+    delete_topics_at_the_end,
     produce_payloads,
     produce_raw,
     read_topic,
@@ -95,10 +95,7 @@ async def make_cluster(
     for cluster in made:
         cluster.stop()
         if cluster.env["KAFKA_BOOTSTRAP_SERVERS"] == kafka_bootstrap:  # not a test's own broker
-            try:
-                await asyncio.wait_for(delete_topics(cluster.env), 30)
-            except Exception as exc:
-                print(f"[reliability] topics not deleted: {exc!r}")
+            await delete_topics_at_the_end(cluster.env)
 
 
 async def settle(
