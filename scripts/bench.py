@@ -492,10 +492,15 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
             print(f"  warm-up: {args.rate:,.0f} actions/s for {warmup_s:.0f}s ...")
             before = await offer(warmup, len(warmup), "warm-up batches")
             print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
+            start, cpu_start = time.perf_counter(), workers.cpu_seconds()
             after = await offer(measured, len(payloads), "batches applied")
+            wall = time.perf_counter() - start
+            cpu = [end - begin for end, begin in zip(workers.cpu_seconds(), cpu_start, strict=True)]
     finally:
         workers.stop()
     latency = histogram_quantiles(after, "ac_action_age_at_sink_seconds", before)
+    # Steady-state CPU is what the latency depends on: the share of a core each worker used.
+    latency.update(pipeline_core=cpu[0] / wall, sink_core=cpu[1] / wall)
     sink_part = histogram_quantiles(after, "ac_end_to_end_seconds", before)
     latency.update(sink_p50_le_s=sink_part["p50_le_s"], sink_p99_le_s=sink_part["p99_le_s"])
     return latency
@@ -702,7 +707,8 @@ async def run_mode(args: argparse.Namespace) -> None:
             f"latency at {args.rate:,.0f} actions/s offered: p50 <= "
             f"{latency['p50_le_s'] * 1000:.0f} ms, p99 <= {latency['p99_le_s'] * 1000:.0f} ms "
             f"(of which emitted -> sink: p50 <= {latency['sink_p50_le_s'] * 1000:.0f} ms, "
-            f"p99 <= {latency['sink_p99_le_s'] * 1000:.0f} ms)"
+            f"p99 <= {latency['sink_p99_le_s'] * 1000:.0f} ms); CPU: pipeline "
+            f"{latency['pipeline_core']:.0%}, sink {latency['sink_core']:.0%} of a core"
         )
         return
     payloads = workload(
@@ -760,7 +766,8 @@ async def run_mode(args: argparse.Namespace) -> None:
     print(
         f"latency at {args.rate:,.0f} actions/s offered: p50 <= {latency['p50_le_s'] * 1000:.0f} ms, "
         f"p99 <= {latency['p99_le_s'] * 1000:.0f} ms ({latency['samples']:,.0f} batches; "
-        "histogram bucket bounds)"
+        f"histogram bucket bounds); CPU meanwhile: pipeline {latency['pipeline_core']:.0%}, "
+        f"sink {latency['sink_core']:.0%} of a core"
     )
     print(
         f"peak RSS: pipeline {ours['rss_pipeline_mb']:.0f} MiB, sink {ours['rss_sink_mb']:.0f} MiB; "
