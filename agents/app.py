@@ -11,14 +11,13 @@ from functools import partial
 from agents import accumulate, summarize
 from agents.ingest_http import ingest_app_from_settings, optional_ingest_settings
 from agents.summarizers import build_summarizer
-from streams.app import create_app, use_event_loop
+from streams.app import create_app
 from streams.lag import register_lag
 from streams.settings import load_settings
 from streams.topics import declare_topics
 from streams.web import add_operational_pages
 
 settings = load_settings()
-use_event_loop(settings)
 summarizer = build_summarizer(settings)  # validates prompt and plug-ins before consuming
 app = create_app(settings, role="pipeline")
 topics = declare_topics(app, settings)

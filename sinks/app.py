@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from sinks import runner
 from sinks.registry import load_sink
-from streams.app import create_app, use_event_loop
+from streams.app import create_app
 from streams.lag import register_lag
 from streams.settings import load_settings
 from streams.topics import declare_topics
 from streams.web import add_operational_pages
 
 settings = load_settings()
-use_event_loop(settings)
 sink = load_sink(settings.sink, settings)
 app = create_app(settings, role=f"sink-{sink.name}")
 topics = declare_topics(app, settings)

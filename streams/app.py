@@ -27,7 +27,7 @@ from streams.lanes import Lanes
 from streams.settings import Settings
 from streams.topics import DEAD_LETTER_MAX_BYTES, ensure_topics
 
-__all__ = ["ContextApp", "create_app", "use_event_loop"]
+__all__ = ["ContextApp", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,6 @@ class ContextApp(faust.App):
         os._exit(EXIT_ON_BUG)
 
     async def on_first_start(self) -> None:
-        log.info("event loop: %s", type(asyncio.get_running_loop()).__module__)
         _calm_the_garbage_collector()
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
         await ensure_topics(self.settings)
@@ -200,17 +199,6 @@ def _calm_the_garbage_collector() -> None:
     after start-up (modules, app, settings) are frozen out of the scans."""
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
-
-
-def use_event_loop(settings: Settings) -> None:
-    """Select the worker's event loop before Faust creates it (an entry module's import).
-
-    An explicit choice for Faust (``faust -L``, ``FAUST_LOOP``) is left as it is.
-    """
-    if settings.event_loop == "uvloop" and not os.environ.get("FAUST_LOOP"):
-        import mode.loop
-
-        mode.loop.use("uvloop")
 
 
 def create_app(settings: Settings, role: str) -> ContextApp:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,10 +38,6 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".agent-context")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
-    # uvloop: less CPU per event-loop round than asyncio's loop, which at a paced 5,000
-    # actions/s is most of what the latency waits on (docs/performance.md).
-    # ``faust -L aio`` (or FAUST_LOOP) still wins.
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     lag_interval_s: float = Field(default=5.0, gt=0)  # how often /metrics' consumer lag refreshes
     # Producer batching: a few ms of linger turns thousands of one-message produce
     # requests per second into a few dozen (the dominant cost at linger 0).
