@@ -392,7 +392,7 @@ async def bench_pipeline(
     await produce(args.bootstrap, settings.topic("actions"), payloads)
     global WORKERS
     workers = WORKERS = Workers(env, run_dir, args.port)
-    expected_ops = len(payloads) + sum(1 for _ in range(0))  # summaries counted separately
+    expected_ops = len(payloads)  # actions_written operations; summaries are counted apart
     try:
         async with httpx.AsyncClient(timeout=5) as client:
             workers.start("agents.app", "pipeline", args.port)
@@ -690,6 +690,26 @@ async def main_async(args: argparse.Namespace) -> None:
             await delete_topics(args.bootstrap, await bench_topics(args.bootstrap) - before)
 
 
+def print_latency_runs(args: argparse.Namespace, runs: list[dict[str, float]]) -> None:
+    """One line per run; with several, how many met the issue's target (p99 under 100 ms).
+
+    The runs differ more than the code changes measured here do (the two cores are
+    shared by the workers, the broker and the load generator), so one run proves little.
+    """
+    for latency in runs:
+        print(
+            f"latency at {args.rate:,.0f} actions/s offered: p50 <= "
+            f"{latency['p50_le_s'] * 1000:.0f} ms, p99 <= {latency['p99_le_s'] * 1000:.0f} ms "
+            f"(of which emitted -> sink: p50 <= {latency['sink_p50_le_s'] * 1000:.0f} ms, "
+            f"p99 <= {latency['sink_p99_le_s'] * 1000:.0f} ms); CPU: pipeline "
+            f"{latency['pipeline_core']:.0%}, sink {latency['sink_core']:.0%} of a core"
+        )
+    if len(runs) > 1:
+        under = sum(1 for latency in runs if latency["p99_le_s"] < 0.1)
+        bounds = ", ".join(f"{latency['p99_le_s'] * 1000:.0f}" for latency in runs)
+        print(f"p99 bounds (ms): {bounds}; under 100 ms in {under} of {len(runs)} runs")
+
+
 async def run_mode(args: argparse.Namespace) -> None:
     if args.mode == "memory":
         print_memory(await bench_memory(args))
@@ -702,14 +722,7 @@ async def run_mode(args: argparse.Namespace) -> None:
         )
         return
     if args.mode == "latency":
-        latency = await bench_latency(args)
-        print(
-            f"latency at {args.rate:,.0f} actions/s offered: p50 <= "
-            f"{latency['p50_le_s'] * 1000:.0f} ms, p99 <= {latency['p99_le_s'] * 1000:.0f} ms "
-            f"(of which emitted -> sink: p50 <= {latency['sink_p50_le_s'] * 1000:.0f} ms, "
-            f"p99 <= {latency['sink_p99_le_s'] * 1000:.0f} ms); CPU: pipeline "
-            f"{latency['pipeline_core']:.0%}, sink {latency['sink_core']:.0%} of a core"
-        )
+        print_latency_runs(args, [await bench_latency(args) for _ in range(args.repeat)])
         return
     payloads = workload(
         args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch
@@ -802,6 +815,9 @@ def main() -> None:
     )
     parser.add_argument("--rate", type=float, default=5_000)
     parser.add_argument("--latency-seconds", type=float, default=20)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="--mode latency: runs, each on fresh topics"
+    )
     parser.add_argument("--llm-concurrency", type=int, default=256)
     parser.add_argument("--port", type=int, default=6100)
     parser.add_argument("--seed", type=int, default=1)
