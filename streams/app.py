@@ -24,6 +24,7 @@ from aiokafka.structs import RecordMetadata
 from streams import faust_patches, metrics
 from streams.appender import Appender
 from streams.lanes import Lanes
+from streams.main_loop_consumer import MainLoopConsumer
 from streams.settings import Settings
 from streams.topics import DEAD_LETTER_MAX_BYTES, ensure_topics
 
@@ -75,6 +76,11 @@ class ContextApp(faust.App):
     def appender(self) -> Appender:
         """Batches records per partition for the hot paths' table writes (``streams.appender``)."""
         return Appender(self._aiokafka_producer)
+
+    def _new_consumer(self) -> Any:
+        if not self.settings.consumer_thread:
+            cast(Any, self.transport).Consumer = MainLoopConsumer
+        return super()._new_consumer()
 
     def _aiokafka_producer(self) -> AIOKafkaProducer:
         return cast(AIOKafkaProducer, cast(Any, self.producer)._ensure_producer())
@@ -185,6 +191,8 @@ class ContextApp(faust.App):
         os._exit(EXIT_ON_BUG)
 
     async def on_first_start(self) -> None:
+        where = "its own thread" if self.settings.consumer_thread else "the worker's event loop"
+        log.info("Kafka consumer: on %s", where)
         _calm_the_garbage_collector()
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
         await ensure_topics(self.settings)

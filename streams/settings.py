@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     data_dir: Path = Path(".agent-context")
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    # Faust runs its Kafka consumer in a thread of its own; here it shares the worker's
+    # event loop unless this is true (streams/main_loop_consumer.py says why).
+    consumer_thread: bool = False
     lag_interval_s: float = Field(default=5.0, gt=0)  # how often /metrics' consumer lag refreshes
     # Producer batching: a few ms of linger turns thousands of one-message produce
     # requests per second into a few dozen (the dominant cost at linger 0).

@@ -1,0 +1,55 @@
+"""Faust's aiokafka consumer on the worker's own event loop, not in a thread of its own.
+
+Faust runs aiokafka in a ``ServiceThread`` with a second event loop, and every
+fetch, commit and seek crosses to that thread and back (a method queue, a
+future per call, a wake-up of the other loop), with the GIL passing between the
+two threads at each crossing: ~11,000 ``futex`` calls a second at 1,000 actions/s.
+On one loop the same calls are plain awaits. Measured at 5,000 actions/s (five
+runs alternated each way): p50 <= 20-30 ms against 30-40 ms, p99 <= 50-100 ms
+against 50-125 ms (docs/performance.md, session 7).
+
+The trade-off is the reason Faust has the thread: heartbeats now share the
+loop, so code that blocked the loop longer than the session timeout would get
+the worker dropped from its group. Nothing in these workers blocks the loop;
+``AC_CONSUMER_THREAD=true`` restores Faust's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer
+
+__all__ = ["MainLoopConsumer"]
+
+
+class _MainLoopConsumerThread(AIOKafkaConsumerThread):
+    """Faust's consumer "thread", served as a task of the worker's loop."""
+
+    _serving: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        # ServiceThread.start without the thread: ``_serve`` starts the service and
+        # resolves ``_thread_running``, then runs until the service is stopped.
+        self._thread_started.set()
+        self._thread_running = asyncio.Future(loop=self.parent_loop)
+        self.add_future(self._keepalive2())
+        self._serving = asyncio.ensure_future(self._serve())
+        try:
+            await self._thread_running
+        finally:
+            self._thread_running = None
+
+    async def _gather_remaining_tasks(self) -> None:
+        # Faust sweeps every task left on its thread's loop; this loop is the
+        # worker's, and its other tasks are not this service's to cancel.
+        return
+
+
+class MainLoopConsumer(Consumer):
+    """The aiokafka ``Consumer`` of Faust, with its consumer on the calling loop."""
+
+    def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
+        return _MainLoopConsumerThread(
+            self, loop=self.loop, thread_loop=self.loop, beacon=self.beacon
+        )
