@@ -170,7 +170,7 @@ class ContextApp(faust.App):
 
         Not Faust's graceful stop: that waits for every delivered message to be
         acknowledged (``stream_wait_empty``), which this one never will be, and
-        ``App.crash`` stops the consumer thread a final commit still needs (both
+        ``App.crash`` stops the consumer a final commit still needs (both
         seen hanging). What is acknowledged is committed first (it never passes
         the failed message, see ``InOrderAcks``); the rest replays idempotently,
         as after a ``kill -9``.

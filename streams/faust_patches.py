@@ -18,8 +18,9 @@ The fix is the same method with the two steps in the safe order: seek the
 is the order Faust itself uses elsewhere (see faust-streaming PR #217).
 
 A second fix, same family (found by the rebalance test: a second worker joins):
-``Consumer.getmany`` fetches a batch in the consumer thread and yields it from
-the main thread. When ``perform_seek`` (rebalance recovery) runs while a batch
+``Consumer.getmany`` fetches a batch in the consumer thread (here, by default, the
+consumer's task on the same loop: the awaits interleave all the same) and yields
+it from the main thread. When ``perform_seek`` (rebalance recovery) runs while a batch
 is being fetched or yielded, records from *before* the seek are delivered
 after it. Faust has just reset its read offset to the committed offset, so it
 takes the stale record's higher offset as a "gap", counts the skipped offsets

@@ -4,9 +4,9 @@ Faust runs aiokafka in a ``ServiceThread`` with a second event loop, and every
 fetch, commit and seek crosses to that thread and back (a method queue, a
 future per call, a wake-up of the other loop), with the GIL passing between the
 two threads at each crossing: ~11,000 ``futex`` calls a second at 1,000 actions/s.
-On one loop the same calls are plain awaits. Measured at 5,000 actions/s (five
-runs alternated each way): p50 <= 20-30 ms against 30-40 ms, p99 <= 50-100 ms
-against 50-125 ms (docs/performance.md, session 7).
+On one loop the same calls are plain awaits. Measured at 5,000 actions/s (9 and 8
+runs alternated): p50 <= 20-30 ms against 30-40 ms, p99 <= 40-100 ms against
+50-125 ms, the same CPU (docs/performance.md, session 7).
 
 The trade-off is the reason Faust has the thread: heartbeats now share the
 loop, so code that blocked the loop longer than the session timeout would get
