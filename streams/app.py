@@ -20,6 +20,7 @@ import aiohttp.web
 import faust
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
+from faust.types import ConsumerT
 
 from streams import faust_patches, metrics
 from streams.appender import Appender
@@ -77,7 +78,9 @@ class ContextApp(faust.App):
         """Batches records per partition for the hot paths' table writes (``streams.appender``)."""
         return Appender(self._aiokafka_producer)
 
-    def _new_consumer(self) -> Any:
+    def _new_consumer(self) -> ConsumerT:
+        """Faust's consumer, served on this worker's event loop unless ``consumer_thread``
+        (``streams.main_loop_consumer``). The transport builds it from its ``Consumer``."""
         if not self.settings.consumer_thread:
             cast(Any, self.transport).Consumer = MainLoopConsumer
         return super()._new_consumer()
