@@ -26,7 +26,7 @@ __all__ = ["MainLoopConsumer"]
 class _MainLoopConsumerThread(AIOKafkaConsumerThread):
     """Faust's consumer "thread", served as a task of the worker's loop."""
 
-    _serving: asyncio.Task[None] | None = None
+    _serving: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
 
     async def start(self) -> None:
         # ServiceThread.start without the thread: ``_serve`` starts the service and

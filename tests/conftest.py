@@ -29,14 +29,19 @@ async def worker_env(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[dict
 async def workers(worker_env: dict[str, str], tmp_path: Path) -> AsyncIterator[list[Worker]]:
     """Workers started by a test; all stopped (and their logs kept) at the end, and
     their topics deleted: a development broker kept ~160 topics per run otherwise.
-    (It asks for ``worker_env`` so that it is torn down first: workers stop, then
-    the topics go.)"""
+    (It asks for ``worker_env`` so that it is torn down after: workers stop, then
+    ``worker_env``'s topics go; this deletes only those of other envs.)"""
     started: list[Worker] = []
     yield started
     for worker in started:
         worker.stop()
     keys = ("KAFKA_BOOTSTRAP_SERVERS", "AC_TOPIC_PREFIX", "AC_APP_ID")
-    envs = {tuple(w.env[k] for k in keys): w.env for w in started if all(k in w.env for k in keys)}
+    envs = {
+        tuple(w.env[k] for k in keys): w.env
+        for w in started
+        if all(k in w.env for k in keys)
+        and w.env["AC_TOPIC_PREFIX"] != worker_env["AC_TOPIC_PREFIX"]
+    }
     for env in envs.values():
         await delete_topics_at_the_end(env)
 
