@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -102,3 +103,92 @@ async def test_a_failed_append_runs_no_callback(topic: str, producer: AIOKafkaPr
     with pytest.raises(AssertionError, match="Unrecognized partition"):  # aiokafka's check
         await asyncio.wait_for(ack, timeout=30)
     assert ran == []
+
+
+class _SendBatchLog:
+    """Wraps a real producer's ``send_batch`` and notes each call: (partition, records)."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.called = asyncio.Event()
+        self._send_batch = producer.send_batch
+        producer.send_batch = self._logged  # type: ignore[method-assign]
+
+    async def _logged(self, batch: Any, topic: str, *, partition: int) -> Any:
+        self.calls.append((partition, batch.record_count()))
+        self.called.set()
+        return await self._send_batch(batch, topic, partition=partition)
+
+
+async def test_what_is_appended_while_a_round_is_in_flight_goes_next_as_one_batch(
+    kafka_bootstrap: str, topic: str, producer: AIOKafkaProducer
+) -> None:
+    log = _SendBatchLog(producer)
+    appender = Appender(lambda: producer)
+    for _ in range(5):  # the broker may answer before this task's next turn: try again
+        log.calls.clear()
+        log.called.clear()
+        first = appender.append(topic, 0, b"k", b"first")
+        await log.called.wait()
+        # One record per event-loop turn, for as long as the first round is not
+        # acknowledged: each turn wakes the appender, which must hold them.
+        later = []
+        while not first.done() and len(later) < 50:
+            later.append(appender.append(topic, 0, b"k", f"v{len(later)}".encode()))
+            await asyncio.sleep(0)
+        acknowledged = await asyncio.gather(first, *later)
+        if later:
+            break
+    assert later, "the broker acknowledged every first round within a turn"
+
+    assert log.calls == [(0, 1), (0, len(later))]
+    ends = await _end_offsets(kafka_bootstrap, topic)
+    assert acknowledged[-1].offset == ends[0] - 1
+
+
+async def test_every_groups_first_batch_goes_before_any_second(
+    kafka_bootstrap: str, topic: str
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", max_batch_size=4096)
+    await producer.start()
+    try:
+        await wait_for(lambda: _has_partitions(producer, topic), timeout=30, message="no metadata")
+        log = _SendBatchLog(producer)
+        appender = Appender(lambda: producer)
+        # Three batches' worth per partition, appended in one turn: one round.
+        acks = [
+            appender.append(topic, partition, b"k", f"{partition}-{i}-".encode() * 100)
+            for i in range(20)
+            for partition in range(PARTITIONS)
+        ]
+        await asyncio.gather(*acks)
+    finally:
+        await producer.stop()
+
+    partitions_in_call_order = [partition for partition, _ in log.calls]
+    batches_each = len(log.calls) // PARTITIONS
+    assert batches_each >= 2, f"the records fitted one batch per partition: {log.calls}"
+    # Layer by layer: the producer takes a partition's next batch only once the one
+    # before is in a request, and a group's second batch would go out alone.
+    assert partitions_in_call_order == list(range(PARTITIONS)) * batches_each
+    assert [n for p, n in log.calls if p == 0] == [n for p, n in log.calls if p == 1]
+    assert sum(n for _, n in log.calls) == 20 * PARTITIONS
+    assert await _values_in_order(kafka_bootstrap, topic, 0) == [
+        f"0-{i}-".encode() * 100 for i in range(20)
+    ]
+
+
+async def _values_in_order(bootstrap: str, topic: str, partition: int) -> list[bytes]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        values: list[bytes] = []
+        while len(values) < end:
+            for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
+                values.extend(record.value for record in records)
+        return values
+    finally:
+        await consumer.stop()
