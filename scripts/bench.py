@@ -5,6 +5,7 @@
   (c) our pipeline end to end: actions -> tables -> context -> a null sink, instant LLM
   latency: p50/p99 from produce to application at the sink, at a fixed offered rate
   --mode summarizer: 2,000 sessions, an LLM that takes 500 ms: summaries per second
+  --mode accumulate: the pipeline worker alone on a pre-filled topic, beside (b)
 
 Prints figures and ratios; it is not a test. Needs the broker (make broker).
 """
@@ -365,13 +366,9 @@ def changelog_bytes(kafka_data: Path, app_id: str) -> int:
     return total
 
 
-async def bench_pipeline(
-    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
-) -> dict[str, Any]:
-    tag = uuid.uuid4().hex[:6]
-    run_dir = ROOT / ".bench" / tag
-    run_dir.mkdir(parents=True)
-    env = {
+def pipeline_env(args: argparse.Namespace, tag: str, run_dir: Path) -> dict[str, str]:
+    """The workers' settings for one run: its own app id, topics and state directory."""
+    return {
         "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
         "AC_APP_ID": f"bench-{tag}",
         "AC_TOPIC_PREFIX": f"bench-{tag}.",
@@ -382,6 +379,16 @@ async def bench_pipeline(
         "AC_STORE": args.store,
         "AC_IDLE_TIMEOUT_S": "3600",
     }
+
+
+async def prefilled_run(
+    args: argparse.Namespace, payloads: list[dict[str, Any]]
+) -> tuple[dict[str, str], Path]:
+    """A fresh run's settings, with ``payloads`` already on its ``actions`` topic."""
+    tag = uuid.uuid4().hex[:6]
+    run_dir = ROOT / ".bench" / tag
+    run_dir.mkdir(parents=True)
+    env = pipeline_env(args, tag, run_dir)
     settings = Settings(
         kafka_bootstrap_servers=args.bootstrap,
         topic_prefix=env["AC_TOPIC_PREFIX"],
@@ -390,6 +397,34 @@ async def bench_pipeline(
     await ensure_topics(settings)
     print(f"  producing {len(payloads):,} payloads to {settings.topic('actions')} ...")
     await produce(args.bootstrap, settings.topic("actions"), payloads)
+    return env, run_dir
+
+
+async def bench_accumulate(
+    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
+) -> dict[str, float]:
+    """The pipeline worker alone on a pre-filled topic: actions/s and CPU per action."""
+    env, run_dir = await prefilled_run(args, payloads)
+    global WORKERS
+    workers = WORKERS = Workers(env, run_dir, args.port)
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            workers.start("agents.app", "pipeline", args.port)
+            await wait_metric(client, args.port, "ac_actions_in_total", 1, "first action")
+            start, cpu_start = time.perf_counter(), workers.cpu_seconds()[0]
+            done = await wait_metric(
+                client, args.port, "ac_actions_in_total", actions, "actions accumulated"
+            )
+            cpu = workers.cpu_seconds()[0] - cpu_start
+    finally:
+        workers.stop()
+    return {"rate": actions / (done - start), "cpu_us_per_action": cpu * 1e6 / actions}
+
+
+async def bench_pipeline(
+    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
+) -> dict[str, Any]:
+    env, run_dir = await prefilled_run(args, payloads)
     global WORKERS
     workers = WORKERS = Workers(env, run_dir, args.port)
     expected_ops = len(payloads)  # actions_written operations; summaries are counted apart
@@ -711,6 +746,15 @@ def print_latency_summary(runs: list[dict[str, float]]) -> None:
     print(f"p99 bounds (ms): {bounds}; under 100 ms in {under} of {len(runs)} runs")
 
 
+def print_accumulate_run(sdk_rate: float, ours: dict[str, float]) -> None:
+    print(
+        f"accumulate alone: {ours['rate']:,.0f} actions/s, {ours['cpu_us_per_action']:.0f} us "
+        f"of CPU per action; in-process SDK {sdk_rate:,.0f} actions/s "
+        f"({1e6 / sdk_rate:.0f} us); c/b (accumulate only) = {ours['rate'] / sdk_rate:.2f}",
+        flush=True,
+    )
+
+
 async def run_mode(args: argparse.Namespace) -> None:
     if args.mode == "memory":
         print_memory(await bench_memory(args))
@@ -739,6 +783,13 @@ async def run_mode(args: argparse.Namespace) -> None:
         f"workload: {actions:,} actions, {args.sessions:,} sessions, {len(payloads):,} payloads "
         f"(1-{args.max_batch} actions each), K={args.threshold}, {args.partitions} partitions"
     )
+    if args.mode == "accumulate":
+        for _ in range(args.repeat):
+            print_accumulate_run(
+                await bench_sdk(raw, actions, args.threshold),
+                await bench_accumulate(args, payloads, actions),
+            )
+        return
     print("(b) in-process autoplay_sdk writer + summarizer ...")
     sdk_rate = await bench_sdk(raw, actions, args.threshold)
     print("(c) our pipeline end to end ...")
@@ -805,7 +856,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--mode", choices=["throughput", "summarizer", "latency", "memory"], default="throughput"
+        "--mode",
+        choices=["throughput", "accumulate", "summarizer", "latency", "memory"],
+        default="throughput",
     )
     parser.add_argument(
         "--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
@@ -822,7 +875,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5_000)
     parser.add_argument("--latency-seconds", type=float, default=20)
     parser.add_argument(
-        "--repeat", type=int, default=1, help="--mode latency: runs, each on fresh topics"
+        "--repeat",
+        type=int,
+        default=1,
+        help="--mode latency or accumulate: runs, each on fresh topics",
     )
     parser.add_argument("--llm-concurrency", type=int, default=256)
     parser.add_argument("--port", type=int, default=6100)
