@@ -230,7 +230,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         now = time.time()
         idle = []
         with pacer.scanning():
-            async for sid, raw in owned_items(app, sessions, topics.actions):
+            async for sid, raw in owned_items(sessions, await source.read_to_end()):
                 state = SessionState.from_bytes(raw)
                 if now - state.last_seen >= settings.idle_timeout_s:
                     idle.append(sid)

@@ -205,9 +205,8 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             state = None if raw is None else SummaryState.from_bytes(raw)
             return state is not None and state.updated_at < horizon and not state.pending
 
-        candidates = [
-            sid async for sid, raw in owned_items(app, table, topics.summarize) if expired(raw)
-        ]
+        current = await source.read_to_end()
+        candidates = [sid async for sid, raw in owned_items(table, current) if expired(raw)]
         for sid in candidates:
             if expired(table.get(sid)):  # checked again: a request may have come since
                 changelog.write(app, table, sid, None)

@@ -15,11 +15,15 @@ the consumer of a batch acknowledges each record with :meth:`ack` when its
 effects are durable), rebalances. On revocation Faust clears the buffer with
 its agents' queues (``flow_control.clear()``), and waits for the records
 taken and not yet acknowledged (they are tracked like a stream's).
+
+Timers that judge sessions by their state (idle expiry) ask
+:meth:`BatchSource.read_to_end` which partitions' state is current.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncIterator
 
@@ -28,8 +32,11 @@ from faust.transport.consumer import Consumer
 from faust.types import TP, Message
 
 from streams import faust_patches, metrics
+from streams.lag import committed_offset, tables_recovered
 
 __all__ = ["BatchSource"]
+
+log = logging.getLogger(__name__)
 
 
 class BatchSource:
@@ -44,6 +51,7 @@ class BatchSource:
         self._buffer: deque[Message] = deque()
         self._ready = asyncio.Event()
         self._paused: set[TP] = set()
+        self._processed_to: dict[int, int] = {}  # partition -> offset after the last batch done
         app.topics.add(topic)  # Faust subscribes to it (and assigns it) as for an agent
         app.flow_control.manage_queue(self)  # type: ignore[arg-type]  # cleared on revocation
         faust_patches.divert(topic.get_topic_name(), self._take)
@@ -61,6 +69,7 @@ class BatchSource:
     def clear(self) -> None:
         """Drop what is buffered: revoked, it is fetched again by its next owner."""
         self._buffer.clear()
+        self._processed_to.clear()  # what it says of a partition is stale once it moves
         self._resume()
 
     def _resume(self) -> None:
@@ -79,6 +88,50 @@ class BatchSource:
             if self._paused and len(buffer) <= self.max_buffered // 2:
                 self._resume()
             yield batch
+            self._note_processed(batch)  # the caller asks for more: it is done with these
+
+    def _note_processed(self, batch: list[Message]) -> None:
+        processed_to = self._processed_to
+        for message in batch:
+            processed_to[message.partition] = message.offset + 1
+
+    async def read_to_end(self) -> set[int]:
+        """The assigned partitions whose records, up to the log end now, are all processed.
+
+        A session's state is current only there. Elsewhere its next records may
+        still wait in the log: on a worker restarted onto a backlog, or one whose
+        partitions stayed paused through a long recovery (found by the rebalance
+        test: a 31 s recovery, sessions closed as idle during it and again after).
+        Empty while the tables recover, or when the log end cannot be read now.
+        """
+        if not tables_recovered(self.app):
+            return set()
+        name = self.topic.get_topic_name()
+        consumer = self.app.consumer
+        try:
+            tps = [tp for tp in consumer.assignment() if tp.topic == name]
+            ends = await consumer.highwaters(*tps) if tps else {}
+            unread = [tp for tp in tps if tp.partition not in self._processed_to]
+            starts = await self._starts(unread) if unread else {}
+        except Exception as exc:  # rebalancing, broker briefly away: the next scan asks again
+            log.debug("log ends of %s not read: %s: %s", name, type(exc).__name__, exc)
+            return set()
+        return {
+            tp.partition
+            for tp, end in ends.items()
+            if end <= self._processed_to.get(tp.partition, starts.get(tp, end))
+        }
+
+    async def _starts(self, tps: list[TP]) -> dict[TP, int]:
+        """Where consumption of these (nothing processed yet) starts: the committed
+        offset, else the log start (``auto_offset_reset`` "earliest")."""
+        starts = {tp: committed_offset(self.app, tp) for tp in tps}
+        missing = [tp for tp, offset in starts.items() if offset is None]
+        earliest = await self.app.consumer.earliest_offsets(*missing) if missing else {}
+        return {
+            tp: int(offset if offset is not None else earliest.get(tp, 0))
+            for tp, offset in starts.items()
+        }
 
     async def ack(self, message: Message) -> None:
         """The record's effects are durable: Faust may commit past it."""

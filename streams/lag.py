@@ -24,7 +24,7 @@ from faust.types import TP
 from streams import faust_patches
 from streams.metrics import CONSUMER_LAG
 
-__all__ = ["LagTracker", "register_lag", "worker_status"]
+__all__ = ["LagTracker", "register_lag", "tables_recovered", "worker_status"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,12 @@ def register_lag(app: faust.App, interval_s: float | None = None) -> LagTracker:
     return tracker
 
 
+def tables_recovered(app: faust.App) -> bool:
+    """Whether the worker's tables are restored and its stream partitions flow."""
+    recovery = app.tables.recovery  # type: ignore[attr-defined]  # faust.tables.TableManager
+    return bool(recovery.completed.is_set()) and not recovery.in_recovery
+
+
 def worker_status(app: faust.App) -> dict[str, Any]:
     """What ``/healthz`` reports; ``ready`` is False while starting, rebalancing,
     recovering tables or stopping.
@@ -139,8 +145,7 @@ def worker_status(app: faust.App) -> dict[str, Any]:
     A worker with no partitions (more workers than partitions) is ready: it is
     a hot spare and still serves its HTTP endpoints (ingest, pull view).
     """
-    recovery = app.tables.recovery  # type: ignore[attr-defined]  # faust.tables.TableManager
-    recovered = bool(recovery.completed.is_set()) and not recovery.in_recovery
+    recovered = tables_recovered(app)
     status = {
         "app": app.conf.id,
         "state": app.state,

@@ -20,6 +20,7 @@ from faust.stores.rocksdb import Store as RocksDBStore
 
 from streams import changelog, metrics, rocksdb
 from streams.app import ContextApp
+from streams.lag import tables_recovered
 from streams.partitions import partition_of
 
 __all__ = [
@@ -175,11 +176,14 @@ def owned_partitions(app: faust.App, topic: faust.TopicT) -> set[int]:
     return {tp.partition for tp in assigned if tp.topic == name}
 
 
-async def owned_items(
-    app: faust.App, table: faust.Table, topic: faust.TopicT
-) -> AsyncIterator[tuple[str, bytes]]:
-    """The session entries of ``table`` on partitions of ``topic`` this worker owns,
-    for timers (``batch_key`` entries are skipped).
+async def owned_items(table: faust.Table, partitions: set[int]) -> AsyncIterator[tuple[str, bytes]]:
+    """The session entries of ``table`` on ``partitions``, for timers (``batch_key``
+    entries are skipped).
+
+    Timers pass the partitions whose state is current
+    (:meth:`streams.batch_source.BatchSource.read_to_end`): entries elsewhere are
+    stale, kept for partitions another worker owns now (see
+    :func:`owned_partitions`), or behind records still to be read.
 
     A scan of every session must neither stall the worker (it yields to the
     event loop every few hundred entries) nor copy the table: a RocksDB store
@@ -188,7 +192,8 @@ async def owned_items(
     in-memory store, which a concurrent write would invalidate, is iterated
     over a snapshot of its (already in-memory) entries.
     """
-    owned = owned_partitions(app, topic)
+    if not partitions:
+        return
     store = cast(Any, table).data
     entries = store.items() if isinstance(store, RocksDBStore) else list(store.items())
     for n, (key, value) in enumerate(entries, 1):
@@ -198,7 +203,7 @@ async def owned_items(
             continue
         if isinstance(key, bytes):  # a RocksDB store may hand back raw key bytes
             key = key.decode("utf-8")
-        if table.partition_for_key(key) in owned:  # else: stale, another worker owns it now
+        if table.partition_for_key(key) in partitions:
             yield key, value
 
 
@@ -272,9 +277,8 @@ class OwnedKeyCount:
             self._counts.clear()  # a rebalance: partitions may have moved and come back
             self._generation = self.app.consumer_generation_id
         owned = owned_partitions(self.app, self.topic)
-        recovery = cast(Any, self.app.tables).recovery
         uncounted = owned - self._counts.keys()
-        if uncounted and recovery.completed.is_set() and not recovery.in_recovery:
+        if uncounted and tables_recovered(self.app):
             self._counts.update(self._count(uncounted))
         return sum(n for p, n in self._counts.items() if p in owned)
 

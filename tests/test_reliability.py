@@ -685,3 +685,47 @@ async def test_idle_expiry_after_a_rebalance_closes_each_session_once(
             "closed and expired"
         )
         assert closed == sessions, f"{closed} closes for {sessions} sessions"
+
+
+async def test_a_worker_restarted_onto_a_backlog_closes_no_session_still_in_it(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """Idle expiry judges a session only once its partition is read to the end: restarted
+    onto a backlog, a worker whose restored state of a session is older than the idle
+    timeout must not close it while its next actions still wait in the log (it would
+    close it, then open it again with the rest)."""
+    threshold, idle_s = 1000, 5.0  # the idle timeout outlasts the graceful stop below
+    home = partition_of("late", 4)
+    fillers = [s for s in (f"filler-{i}" for i in range(40)) if partition_of(s, 4) == home]
+    async with FakeOpenAIServer() as llm:
+        env = llm_env(llm, threshold, AC_IDLE_TIMEOUT_S=str(idle_s))
+        cluster = make_cluster(**env, AC_IDLE_CHECK_INTERVAL_S="0.2")
+        pipeline = cluster.pipeline()
+        cluster.sink(RECORDER)
+        await cluster.ready()
+        await produce_payloads(cluster.env, [payload("late", 3)])
+        await wait_for(
+            lambda: any(r["session_id"] == "late" for r in cluster.records()),
+            timeout=30,
+            message="the session's first actions never reached the sink",
+        )
+        last_seen = time.time()
+        pipeline.stop()
+        # In front of the session's next actions on its partition: a few seconds' work.
+        backlog = [payload(s, 3, start=3 * k) for k in range(300) for s in fillers]
+        await produce_payloads(cluster.env, [*backlog, payload("late", 3, start=3)])
+        await wait_for(
+            lambda: time.time() > last_seen + idle_s,
+            timeout=10,
+            message="the restored state is not older than the idle timeout yet",
+        )
+        pipeline.start()
+        await cluster.ready(pipeline)
+
+        await settle(cluster, threshold, finals=True, timeout=90)
+        closes = re.findall(r"session (\S+) idle for", pipeline.log_text())
+        assert sorted(closes) == sorted(["late", *fillers])
+        summaries = [
+            r for r in cluster.records() if r["session_id"] == "late" and r["op"] == "summary_ready"
+        ]
+        assert [s["final"] for s in summaries] == [True], summaries
