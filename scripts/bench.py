@@ -539,11 +539,13 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
 
             print(f"  warm-up: {args.rate:,.0f} actions/s for {warmup_s:.0f}s ...")
             before = await offer(warmup, len(warmup), "warm-up batches")
+            pipeline_before = await scrape(client, args.port + 10)
             print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
             start, cpu_start = time.perf_counter(), workers.cpu_seconds()
             after = await offer(measured, len(payloads), "batches applied")
             wall = time.perf_counter() - start
             cpu = [end - begin for end, begin in zip(workers.cpu_seconds(), cpu_start, strict=True)]
+            pipeline_after = await scrape(client, args.port + 10)
     finally:
         workers.stop()
     latency = histogram_quantiles(after, "ac_action_age_at_sink_seconds", before)
@@ -552,13 +554,37 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
     latency.update(pipeline_core=cpu[0] / wall, sink_core=cpu[1] / wall)
     sink_part = histogram_quantiles(after, "ac_end_to_end_seconds", before)
     latency.update(sink_p50_le_s=sink_part["p50_le_s"], sink_p99_le_s=sink_part["p99_le_s"])
+    latency.update(stalls("pipeline", pipeline_after, pipeline_before))
+    latency.update(stalls("sink", after, before))
     return latency
 
 
-def bucket_counts(text: str, name: str) -> dict[float, float]:
+def stalls(worker: str, text: str, since: str) -> dict[str, float]:
+    """A worker's event-loop stalls and GC pauses over the measured part (streams.stalls)."""
+    found = {}
+    for key, name, labels in (
+        ("loop", "ac_event_loop_lag_seconds", ""),
+        ("gc1", "ac_gc_pause_seconds", 'generation="1"'),
+        ("gc2", "ac_gc_pause_seconds", 'generation="2"'),
+    ):
+        earlier = bucket_counts(since, name, labels)
+        buckets = sorted(
+            (bound, count - earlier.get(bound, 0.0))
+            for bound, count in bucket_counts(text, name, labels).items()
+        )
+        total = buckets[-1][1] if buckets else 0.0
+        below = {bound: count for bound, count in buckets}
+        found[f"{worker}_{key}_over_25ms"] = total - below.get(0.025, total)
+        found[f"{worker}_{key}_max_le_s"] = next(
+            (bound for bound, count in buckets if total and count >= total), 0.0
+        )
+    return found
+
+
+def bucket_counts(text: str, name: str, labels: str = "") -> dict[float, float]:
     counts: dict[float, float] = {}
     for line in text.splitlines():
-        if line.startswith(f"{name}_bucket"):
+        if line.startswith(f"{name}_bucket") and labels in line:
             le = re.search(r'le="([^"]+)"', line)
             if le:
                 counts[float(le.group(1))] = float(line.rsplit(" ", 1)[1])
@@ -746,6 +772,16 @@ def print_latency_run(args: argparse.Namespace, latency: dict[str, float]) -> No
         f"{latency['pipeline_core']:.0%}, sink {latency['sink_core']:.0%} of a core",
         flush=True,
     )
+    for worker in ("pipeline", "sink"):
+        print(
+            f"  {worker}: event loop late > 25 ms {latency[f'{worker}_loop_over_25ms']:.0f} times"
+            f" (worst <= {latency[f'{worker}_loop_max_le_s'] * 1000:.0f} ms); GC pauses"
+            f" > 25 ms: gen 1 {latency[f'{worker}_gc1_over_25ms']:.0f}, gen 2"
+            f" {latency[f'{worker}_gc2_over_25ms']:.0f} (worst <= "
+            f"{latency[f'{worker}_gc1_max_le_s'] * 1000:.0f} /"
+            f" {latency[f'{worker}_gc2_max_le_s'] * 1000:.0f} ms)",
+            flush=True,
+        )
 
 
 def print_latency_summary(runs: list[dict[str, float]]) -> None:

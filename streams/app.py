@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
 from faust.types import ConsumerT
 
-from streams import faust_patches, metrics
+from streams import faust_patches, metrics, stalls
 from streams.appender import Appender
 from streams.lanes import Lanes
 from streams.main_loop_consumer import MainLoopConsumer
@@ -197,6 +197,8 @@ class ContextApp(faust.App):
         where = "its own thread" if self.settings.consumer_thread else "the worker's event loop"
         log.info("Kafka consumer: on %s", where)
         _calm_the_garbage_collector()
+        stalls.time_gc_pauses()
+        self.add_future(stalls.watch_event_loop())
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
         await ensure_topics(self.settings)
         await super().on_first_start()

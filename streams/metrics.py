@@ -97,3 +97,16 @@ CONSUMER_LAG = Gauge(
     " group's committed offset (messages not yet durably processed)",
     ["group", "topic", "partition"],
 )
+_PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 5)
+EVENT_LOOP_LAG = Histogram(
+    "ac_event_loop_lag_seconds",
+    "How late the worker's event loop woke a task due every 50 ms: time a callback held"
+    " the loop (every session of the worker waits that long)",
+    buckets=_PAUSE_BUCKETS,
+)
+GC_PAUSE = Histogram(
+    "ac_gc_pause_seconds",
+    "Python's cyclic garbage collections, by generation",
+    ["generation"],
+    buckets=_PAUSE_BUCKETS,
+)
