@@ -230,7 +230,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         now = time.time()
         idle = []
         with pacer.scanning():
-            async for sid, raw in owned_items(sessions, await source.read_to_end()):
+            async for sid, raw in owned_items(sessions, await source.caught_up()):
                 state = SessionState.from_bytes(raw)
                 if now - state.last_seen >= settings.idle_timeout_s:
                     idle.append(sid)

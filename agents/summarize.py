@@ -205,7 +205,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             state = None if raw is None else SummaryState.from_bytes(raw)
             return state is not None and state.updated_at < horizon and not state.pending
 
-        current = await source.read_to_end()
+        current = await source.caught_up()
         candidates = [sid async for sid, raw in owned_items(table, current) if expired(raw)]
         for sid in candidates:
             if expired(table.get(sid)):  # checked again: a request may have come since

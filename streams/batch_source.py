@@ -17,7 +17,7 @@ its agents' queues (``flow_control.clear()``), and waits for the records
 taken and not yet acknowledged (they are tracked like a stream's).
 
 Timers that judge sessions by their state (idle expiry) ask
-:meth:`BatchSource.read_to_end` which partitions' state is current.
+:meth:`BatchSource.caught_up` which partitions' state is current.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class BatchSource:
         self._ready = asyncio.Event()
         self._paused: set[TP] = set()
         self._processed_to: dict[int, int] = {}  # partition -> offset after the last batch done
+        self._ends_before: dict[int, int] = {}  # partition -> its log end at caught_up's last call
         app.topics.add(topic)  # Faust subscribes to it (and assigns it) as for an agent
         app.flow_control.manage_queue(self)  # type: ignore[arg-type]  # cleared on revocation
         faust_patches.divert(topic.get_topic_name(), self._take)
@@ -69,7 +70,8 @@ class BatchSource:
     def clear(self) -> None:
         """Drop what is buffered: revoked, it is fetched again by its next owner."""
         self._buffer.clear()
-        self._processed_to.clear()  # what it says of a partition is stale once it moves
+        self._processed_to.clear()  # what they say of a partition is stale once it moves
+        self._ends_before.clear()
         self._resume()
 
     def _resume(self) -> None:
@@ -95,16 +97,21 @@ class BatchSource:
         for message in batch:
             processed_to[message.partition] = message.offset + 1
 
-    async def read_to_end(self) -> set[int]:
-        """The assigned partitions whose records, up to the log end now, are all processed.
+    async def caught_up(self) -> set[int]:
+        """The assigned partitions read up to where their log ended at the previous call.
 
         A session's state is current only there. Elsewhere its next records may
         still wait in the log: on a worker restarted onto a backlog, or one whose
         partitions stayed paused through a long recovery (found by the rebalance
         test: a 31 s recovery, sessions closed as idle during it and again after).
-        Empty while the tables recover, or when the log end cannot be read now.
+        The previous call's log end, not this one's: under steady traffic a
+        partition is never read to its end of the moment (records are always in
+        flight), but it is read, milliseconds later, to where it ended a scan ago.
+        Empty at the first call after (re)starting, while the tables recover, and
+        when the log ends cannot be read now.
         """
         if not tables_recovered(self.app):
+            self._ends_before.clear()  # what a recovery paused is behind them
             return set()
         name = self.topic.get_topic_name()
         consumer = self.app.consumer
@@ -116,10 +123,15 @@ class BatchSource:
         except Exception as exc:  # rebalancing, broker briefly away: the next scan asks again
             log.debug("log ends of %s not read: %s: %s", name, type(exc).__name__, exc)
             return set()
+        before, self._ends_before = (
+            self._ends_before,
+            {tp.partition: end for tp, end in ends.items()},
+        )
         return {
             tp.partition
-            for tp, end in ends.items()
-            if end <= self._processed_to.get(tp.partition, starts.get(tp, end))
+            for tp in ends
+            if tp.partition in before
+            and before[tp.partition] <= self._processed_to.get(tp.partition, starts.get(tp, -1))
         }
 
     async def _starts(self, tps: list[TP]) -> dict[TP, int]:

@@ -181,7 +181,7 @@ async def owned_items(table: faust.Table, partitions: set[int]) -> AsyncIterator
     entries are skipped).
 
     Timers pass the partitions whose state is current
-    (:meth:`streams.batch_source.BatchSource.read_to_end`): entries elsewhere are
+    (:meth:`streams.batch_source.BatchSource.caught_up`): entries elsewhere are
     stale, kept for partitions another worker owns now (see
     :func:`owned_partitions`), or behind records still to be read.
 

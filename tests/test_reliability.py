@@ -690,10 +690,10 @@ async def test_idle_expiry_after_a_rebalance_closes_each_session_once(
 async def test_a_worker_restarted_onto_a_backlog_closes_no_session_still_in_it(
     make_cluster: Callable[..., Cluster],
 ) -> None:
-    """Idle expiry judges a session only once its partition is read to the end: restarted
-    onto a backlog, a worker whose restored state of a session is older than the idle
-    timeout must not close it while its next actions still wait in the log (it would
-    close it, then open it again with the rest)."""
+    """Idle expiry judges a session only once its partition is read to where the log ended
+    at the previous check: restarted onto a backlog, a worker whose restored state of a
+    session is older than the idle timeout must not close it while its next actions
+    still wait in the log (it would close it, then open it again with the rest)."""
     threshold, idle_s = 1000, 5.0  # the idle timeout outlasts the graceful stop below
     home = partition_of("late", 4)
     fillers = [s for s in (f"filler-{i}" for i in range(40)) if partition_of(s, 4) == home]
@@ -729,3 +729,36 @@ async def test_a_worker_restarted_onto_a_backlog_closes_no_session_still_in_it(
             r for r in cluster.records() if r["session_id"] == "late" and r["op"] == "summary_ready"
         ]
         assert [s["final"] for s in summaries] == [True], summaries
+
+
+async def test_idle_sessions_expire_while_others_keep_every_partition_busy(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """Steady traffic on every partition must not hold idle expiry back: a partition with
+    records always in flight is never read to its end of the moment, but it is read to
+    where its log ended at the previous check."""
+    quiet = [f"quiet-{i}" for i in range(12)]
+    assert {partition_of(s, 4) for s in quiet} == {0, 1, 2, 3}
+    async with FakeOpenAIServer() as llm:
+        cluster = make_cluster(
+            **llm_env(llm, 10, AC_IDLE_TIMEOUT_S="2"), AC_IDLE_CHECK_INTERVAL_S="0.2"
+        )
+        pipeline = cluster.pipeline()
+        await cluster.ready()
+        await produce_payloads(cluster.env, [payload(s, 3) for s in quiet])
+        traffic = await StreamProducer(
+            cluster.env, iter(stream(200, 200, seed())), rate=300
+        ).start()
+        try:
+
+            def closed() -> set[str]:
+                return set(re.findall(r"session (\S+) idle for", pipeline.log_text())) & set(quiet)
+
+            await wait_for(
+                lambda: closed() == set(quiet),
+                timeout=30,
+                message=lambda: f"closed {sorted(closed())} of {len(quiet)}",
+            )
+            assert not traffic.done, "the traffic ended before the quiet sessions closed"
+        finally:
+            await traffic.stop()
