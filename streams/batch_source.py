@@ -32,7 +32,7 @@ from faust.transport.consumer import Consumer
 from faust.types import TP, Message
 
 from streams import faust_patches, metrics
-from streams.lag import committed_offset, tables_recovered
+from streams.lag import consumption_starts, tables_recovered
 
 __all__ = ["BatchSource"]
 
@@ -119,7 +119,7 @@ class BatchSource:
             tps = [tp for tp in consumer.assignment() if tp.topic == name]
             ends = await consumer.highwaters(*tps) if tps else {}
             unread = [tp for tp in tps if tp.partition not in self._processed_to]
-            starts = await self._starts(unread) if unread else {}
+            starts = await consumption_starts(self.app, unread) if unread else {}
         except Exception as exc:  # rebalancing, broker briefly away: the next scan asks again
             log.debug("log ends of %s not read: %s: %s", name, type(exc).__name__, exc)
             return set()
@@ -132,17 +132,6 @@ class BatchSource:
             for tp in ends
             if tp.partition in before
             and before[tp.partition] <= self._processed_to.get(tp.partition, starts.get(tp, -1))
-        }
-
-    async def _starts(self, tps: list[TP]) -> dict[TP, int]:
-        """Where consumption of these (nothing processed yet) starts: the committed
-        offset, else the log start (``auto_offset_reset`` "earliest")."""
-        starts = {tp: committed_offset(self.app, tp) for tp in tps}
-        missing = [tp for tp, offset in starts.items() if offset is None]
-        earliest = await self.app.consumer.earliest_offsets(*missing) if missing else {}
-        return {
-            tp: int(offset if offset is not None else earliest.get(tp, 0))
-            for tp, offset in starts.items()
         }
 
     async def ack(self, message: Message) -> None:

@@ -24,7 +24,13 @@ from faust.types import TP
 from streams import faust_patches
 from streams.metrics import CONSUMER_LAG
 
-__all__ = ["LagTracker", "register_lag", "tables_recovered", "worker_status"]
+__all__ = [
+    "LagTracker",
+    "consumption_starts",
+    "register_lag",
+    "tables_recovered",
+    "worker_status",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,19 @@ def committed_offset(app: faust.App, tp: TP) -> int | None:
     return int(value) if value is not None else None
 
 
+async def consumption_starts(app: faust.App, tps: list[TP]) -> dict[TP, int]:
+    """Where the group's consumption of each partition starts now: the committed offset,
+    else (a new group, or a committed 0) the log start, as ``auto_offset_reset``
+    "earliest" prescribes."""
+    committed = {tp: committed_offset(app, tp) for tp in tps}
+    missing = [tp for tp, offset in committed.items() if offset is None]
+    earliest = await app.consumer.earliest_offsets(*missing) if missing else {}
+    return {
+        tp: int(offset if offset is not None else earliest.get(tp) or 0)
+        for tp, offset in committed.items()
+    }
+
+
 class LagTracker:
     """Computes lag for the assigned input partitions and publishes the gauge."""
 
@@ -76,21 +95,10 @@ class LagTracker:
         tps = assigned_inputs(self.app)
         if not tps:
             return {}
-        consumer = self.app.consumer
-        ends = await consumer.highwaters(*tps)
-        committed = {tp: committed_offset(self.app, tp) for tp in tps}
-        # Nothing committed (a new group, or a committed 0): consumption starts at
-        # the log start (auto_offset_reset=earliest), so everything retained is lag.
-        missing = [tp for tp, offset in committed.items() if offset is None]
-        starts = await consumer.earliest_offsets(*missing) if missing else {}
-        lag: dict[TP, int] = {}
-        for tp in tps:
-            end = ends.get(tp)
-            if end is None:
-                continue
-            start = committed[tp] if committed[tp] is not None else starts.get(tp, 0)
-            lag[tp] = max(int(end) - int(start or 0), 0)
-        return lag
+        ends = await self.app.consumer.highwaters(*tps)
+        # With nothing committed, everything retained is lag.
+        starts = await consumption_starts(self.app, tps)
+        return {tp: max(int(end) - starts[tp], 0) for tp, end in ends.items() if tp in starts}
 
     def publish(self, lag: dict[TP, int]) -> None:
         current = set()
