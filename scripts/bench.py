@@ -567,13 +567,9 @@ def stalls(worker: str, text: str, since: str) -> dict[str, float]:
         ("gc1", "ac_gc_pause_seconds", 'generation="1"'),
         ("gc2", "ac_gc_pause_seconds", 'generation="2"'),
     ):
-        earlier = bucket_counts(since, name, labels)
-        buckets = sorted(
-            (bound, count - earlier.get(bound, 0.0))
-            for bound, count in bucket_counts(text, name, labels).items()
-        )
+        buckets = bucket_deltas(text, name, since, labels)
         total = buckets[-1][1] if buckets else 0.0
-        below = {bound: count for bound, count in buckets}
+        below = dict(buckets)
         found[f"{worker}_{key}_over_25ms"] = total - below.get(0.025, total)
         found[f"{worker}_{key}_max_le_s"] = next(
             (bound for bound, count in buckets if total and count >= total), 0.0
@@ -591,13 +587,18 @@ def bucket_counts(text: str, name: str, labels: str = "") -> dict[float, float]:
     return counts
 
 
+def bucket_deltas(text: str, name: str, since: str, labels: str = "") -> list[tuple[float, float]]:
+    """A histogram's cumulative bucket counts, less those of an earlier scrape, by bound."""
+    earlier = bucket_counts(since, name, labels)
+    return sorted(
+        (bound, count - earlier.get(bound, 0.0))
+        for bound, count in bucket_counts(text, name, labels).items()
+    )
+
+
 def histogram_quantiles(text: str, name: str, since: str = "") -> dict[str, float]:
     """p50/p99 as bucket upper bounds, of the observations made after ``since`` (a scrape)."""
-    earlier = bucket_counts(since, name)
-    buckets = sorted(
-        (bound, count - earlier.get(bound, 0.0))
-        for bound, count in bucket_counts(text, name).items()
-    )
+    buckets = bucket_deltas(text, name, since)
     total = buckets[-1][1] if buckets else 0
 
     def quantile(q: float) -> float:
