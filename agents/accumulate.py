@@ -44,8 +44,8 @@ from streams.tables import (
     OwnedKeyCount,
     ScanPacer,
     batch_key,
-    owned_items,
     owned_partitions,
+    session_items,
     session_keyed_table,
 )
 from streams.topics import MESSAGE_MAX_BYTES, Topics
@@ -230,7 +230,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         now = time.time()
         idle = []
         with pacer.scanning():
-            async for sid, raw in owned_items(sessions, await source.caught_up()):
+            async for sid, raw in session_items(sessions, await source.caught_up()):
                 state = SessionState.from_bytes(raw)
                 if now - state.last_seen >= settings.idle_timeout_s:
                     idle.append(sid)

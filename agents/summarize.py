@@ -34,7 +34,7 @@ from streams.app import ContextApp
 from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
-from streams.tables import owned_items, session_table
+from streams.tables import session_items, session_table
 from streams.topics import MESSAGE_MAX_BYTES, Topics
 
 __all__ = ["CARRY_MAX_BYTES", "SummaryState", "fold_large_carry", "register"]
@@ -206,7 +206,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             return state is not None and state.updated_at < horizon and not state.pending
 
         current = await source.caught_up()
-        candidates = [sid async for sid, raw in owned_items(table, current) if expired(raw)]
+        candidates = [sid async for sid, raw in session_items(table, current) if expired(raw)]
         for sid in candidates:
             if expired(table.get(sid)):  # checked again: a request may have come since
                 changelog.write(app, table, sid, None)

@@ -28,8 +28,8 @@ __all__ = [
     "ScanPacer",
     "batch_key",
     "is_session_key",
-    "owned_items",
     "owned_partitions",
+    "session_items",
     "session_keyed_table",
     "session_of",
     "session_table",
@@ -176,7 +176,9 @@ def owned_partitions(app: faust.App, topic: faust.TopicT) -> set[int]:
     return {tp.partition for tp in assigned if tp.topic == name}
 
 
-async def owned_items(table: faust.Table, partitions: set[int]) -> AsyncIterator[tuple[str, bytes]]:
+async def session_items(
+    table: faust.Table, partitions: set[int]
+) -> AsyncIterator[tuple[str, bytes]]:
     """The session entries of ``table`` on ``partitions``, for timers (``batch_key``
     entries are skipped).
 
