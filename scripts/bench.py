@@ -5,7 +5,8 @@
   (c) our pipeline end to end: actions -> tables -> context -> a null sink, instant LLM
   latency: p50/p99 from produce to application at the sink, at a fixed offered rate
   --mode summarizer: 2,000 sessions, an LLM that takes 500 ms: summaries per second
-  --mode accumulate: the pipeline worker alone on a pre-filled topic, beside (b)
+  --mode accumulate: the pipeline worker alone on a pre-filled topic, beside (b) and
+    our accumulator's transition alone in this process (what the rest costs)
 
 Prints figures and ratios; it is not a test. Needs the broker (make broker).
 """
@@ -238,6 +239,28 @@ async def bench_sdk(payload_bytes: list[bytes], actions: int, threshold: int) ->
     for raw in payload_bytes:  # what a consumer of the SSE stream does per event
         await writer.add(SdkPayload.from_dict(orjson.loads(raw)))
     await summarizer.flush()
+    return actions / (time.perf_counter() - start)
+
+
+def bench_transition(payload_bytes: list[bytes], actions: int, threshold: int) -> float:
+    """Our accumulator's own work per payload, in this process: no Kafka, no summarizer.
+
+    What (c) does beside the SDK's work, minus the plumbing: decode and validate the
+    payload, load the session's entry, apply it (the stored batch, the operation, the
+    summarize request at K), encode the entry again.
+    """
+    from agents.session_state import Limits, MemoryBatchStore, SessionState, apply_payload
+    from schemas import ActionsPayload, decode
+
+    limits = Limits(threshold=threshold, max_actions_per_batch=Settings().max_actions_per_batch)
+    store, entries = MemoryBatchStore(), dict[str, bytes]()
+    start = time.perf_counter()
+    for offset, raw in enumerate(payload_bytes):
+        payload = decode(ActionsPayload, raw)
+        entry = entries.get(payload.session_id)
+        state = None if entry is None else SessionState.from_bytes(entry)
+        state, _ = apply_payload(state, payload, offset, limits, store=store)
+        entries[payload.session_id] = state.to_bytes()
     return actions / (time.perf_counter() - start)
 
 
@@ -794,11 +817,15 @@ def print_latency_summary(runs: list[dict[str, float]]) -> None:
     print(f"p99 bounds (ms): {bounds}; under 100 ms in {under} of {len(runs)} runs")
 
 
-def print_accumulate_run(sdk_rate: float, ours: dict[str, float]) -> None:
+def print_accumulate_run(sdk_rate: float, transition_rate: float, ours: dict[str, float]) -> None:
+    cpu = ours["cpu_us_per_action"]
     print(
-        f"accumulate alone: {ours['rate']:,.0f} actions/s, {ours['cpu_us_per_action']:.0f} us "
+        f"accumulate alone: {ours['rate']:,.0f} actions/s, {cpu:.0f} us "
         f"of CPU per action; in-process SDK {sdk_rate:,.0f} actions/s "
-        f"({1e6 / sdk_rate:.0f} us); c/b (accumulate only) = {ours['rate'] / sdk_rate:.2f}",
+        f"({1e6 / sdk_rate:.0f} us); c/b (accumulate only) = {ours['rate'] / sdk_rate:.2f}\n"
+        f"  of the worker's {cpu:.0f} us, the transition itself is {1e6 / transition_rate:.0f}; "
+        f"the other {cpu - 1e6 / transition_rate:.0f} are the Kafka clients, the write-behind "
+        "and the summarize agent",
         flush=True,
     )
 
@@ -835,8 +862,14 @@ async def run_mode(args: argparse.Namespace) -> None:
         # The SDK once, first: measured again in this process after a run, it was
         # a third slower each time (20,000-23,000 against 33,000 actions/s).
         sdk_rate = await bench_sdk(raw, actions, args.threshold)
+        transition_rate = bench_transition(raw, actions, args.threshold)
+        print(
+            f"our transition alone (no Kafka, no summarizer): {transition_rate:,.0f} actions/s "
+            f"({1e6 / transition_rate:.0f} us per action)"
+        )
         for _ in range(args.repeat):
-            print_accumulate_run(sdk_rate, await bench_accumulate(args, payloads, actions))
+            ours = await bench_accumulate(args, payloads, actions)
+            print_accumulate_run(sdk_rate, transition_rate, ours)
         return
     print("(b) in-process autoplay_sdk writer + summarizer ...")
     sdk_rate = await bench_sdk(raw, actions, args.threshold)
