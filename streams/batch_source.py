@@ -56,6 +56,7 @@ class BatchSource:
         app.topics.add(topic)  # Faust subscribes to it (and assigns it) as for an agent
         app.flow_control.manage_queue(self)  # type: ignore[arg-type]  # cleared on revocation
         faust_patches.divert(topic.get_topic_name(), self._take)
+        self._acknowledged = metrics.RECORDS_ACKNOWLEDGED.labels(topic.get_topic_name())
 
     def _take(self, consumer: Consumer, _: TP, message: Message) -> None:
         tp = TP(message.topic, message.partition)  # Faust's (the fetch's is aiokafka's)
@@ -136,4 +137,5 @@ class BatchSource:
 
     async def ack(self, message: Message) -> None:
         """The record's effects are durable: Faust may commit past it."""
-        self.app.consumer.ack(message)
+        if self.app.consumer.ack(message):  # False if it already was
+            self._acknowledged.inc()

@@ -21,6 +21,11 @@ FETCH_PAUSES = Counter(
     "Partitions paused because the worker's batch buffer was full",
     ["topic"],
 )
+RECORDS_ACKNOWLEDGED = Counter(
+    "ac_records_acknowledged_total",
+    "Input records whose effects are durable (acknowledged: the consumer may commit past them)",
+    ["topic"],
+)
 SESSIONS_EXPIRED = Counter("ac_sessions_expired_total", "Idle sessions closed and expired")
 DEAD_LETTERS = Counter(
     "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]

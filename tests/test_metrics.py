@@ -182,6 +182,17 @@ async def test_counters_move_and_lag_drains_after_a_run(
         await wait_lag_zero(pipeline, pipeline_inputs, timeout=60)
         await wait_lag_zero(sink, sink_inputs, timeout=60)
 
+        async def each_record_acknowledged_once() -> bool:
+            p, s = await scrape(pipeline), await scrape(sink)
+            acked = "ac_records_acknowledged_total"
+            return (
+                p.value(acked, topic=settings.topic("actions")) == len(payloads) + 1  # + malformed
+                and p.value(acked, topic=settings.topic("summarize")) == summaries
+                and s.value(acked, topic=settings.topic("context")) == ops
+            )
+
+        await wait_for(each_record_acknowledged_once, timeout=30, message="records acknowledged")
+
         for worker, inputs in ((pipeline, pipeline_inputs), (sink, sink_inputs)):
             status, body = await health(worker)
             assert status == 200, body
