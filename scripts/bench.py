@@ -420,65 +420,85 @@ def pipeline_env(args: argparse.Namespace, tag: str, run_dir: Path) -> dict[str,
     }
 
 
-async def prefilled_run(
-    args: argparse.Namespace, payloads: list[dict[str, Any]]
-) -> tuple[dict[str, str], Path]:
-    """A fresh run's settings, with ``payloads`` already on its ``actions`` topic."""
+async def new_run(args: argparse.Namespace) -> tuple[dict[str, str], Path]:
+    """A fresh run's settings, with its topics created (and empty)."""
     tag = uuid.uuid4().hex[:6]
     run_dir = ROOT / ".bench" / tag
     run_dir.mkdir(parents=True)
     env = pipeline_env(args, tag, run_dir)
-    settings = Settings(
+    await ensure_topics(settings_of(args, env))
+    return env, run_dir
+
+
+def settings_of(args: argparse.Namespace, env: dict[str, str]) -> Settings:
+    return Settings(
         kafka_bootstrap_servers=args.bootstrap,
         topic_prefix=env["AC_TOPIC_PREFIX"],
         partitions=args.partitions,
     )
-    await ensure_topics(settings)
-    print(f"  producing {len(payloads):,} payloads to {settings.topic('actions')} ...")
-    await produce(args.bootstrap, settings.topic("actions"), payloads)
-    return env, run_dir
+
+
+async def offer_backlog(
+    args: argparse.Namespace, env: dict[str, str], payloads: list[dict[str, Any]]
+) -> float:
+    """Produce ``payloads`` as fast as the producer goes; returns when it started.
+
+    The workers are up and consuming by then, so every action's work falls after
+    that moment: a worker started on a pre-filled topic had applied ~26,000 actions
+    before its first ``/metrics`` answer, and a window opened there either missed
+    their work or took in their durability (found: 160 µs per action on a 40,000-action
+    run, against ~90 on a 150,000-action one).
+    """
+    topic = settings_of(args, env).topic("actions")
+    print(f"  producing {len(payloads):,} payloads to {topic} ...")
+    start = time.perf_counter()
+    await produce(args.bootstrap, topic, payloads)
+    return start
+
+
+async def accumulator_done(
+    client: httpx.AsyncClient, args: argparse.Namespace, prefix: str, payloads: int
+) -> float:
+    """Wait until every payload on the pipeline worker is acknowledged (what it produced,
+    then its table writes, are in the broker), and so is every summarize request it led
+    to; returns when.
+
+    Not when the last action is applied: the write-behind lets the accumulator run up
+    to 32 batches ahead of durability, and the summarize agent runs behind it (found:
+    with 4,000-record batches the accumulator "applied" twice as fast, at half the CPU
+    per action, while its durability and its summaries waited until after the window).
+    """
+    acked = "ac_records_acknowledged_total"
+    await wait_metric(
+        client, args.port, acked, payloads, "payloads durable", topic=prefix + "actions"
+    )
+    requests = await records_in(args.bootstrap, prefix + "summarize", args.partitions)
+    return await wait_metric(
+        client, args.port, acked, requests, "summarize requests done", topic=prefix + "summarize"
+    )
 
 
 async def bench_accumulate(
     args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
 ) -> dict[str, float]:
-    """The pipeline worker alone on a pre-filled topic: actions/s and CPU per action.
-
-    From the first action applied, the run ends when every payload is acknowledged
-    (what it produced, then its table writes, are in the broker) and so is every
-    summarize request it led to; not when the last action is applied. The
-    write-behind lets the accumulator run up to 32 batches ahead of durability,
-    and the summarize agent runs behind it (found: with 4,000-record batches the
-    accumulator "applied" twice as fast, at half the CPU per action, while its
-    durability and its summaries waited until after the window). For the same
-    reason the window opens at the first action *applied*: counted from the first
-    payload durable, work done before it would fall outside.
-    """
-    env, run_dir = await prefilled_run(args, payloads)
-    prefix = env["AC_TOPIC_PREFIX"]
-    acked = {"name": "ac_records_acknowledged_total", "topic": prefix + "actions"}
-    summaries = {"name": "ac_records_acknowledged_total", "topic": prefix + "summarize"}
+    """The pipeline worker alone on a backlog: actions/s and CPU per action, from the
+    backlog's first record to ``accumulator_done``."""
+    env, run_dir = await new_run(args)
     workers = Workers(env, run_dir, args.port)
     try:
         async with httpx.AsyncClient(timeout=5) as client:
             workers.start("agents.app", "pipeline", args.port)
-            await wait_metric(client, args.port, "ac_actions_in_total", 1, "first action")
-            start, cpu_start = time.perf_counter(), workers.cpu_seconds()[0]
-            in_window = actions - metric(await scrape(client, args.port), "ac_actions_in_total")
-            await wait_metric(
-                client, args.port, target=len(payloads), label="payloads durable", **acked
-            )
-            requests = await records_in(args.bootstrap, prefix + "summarize", args.partitions)
-            done = await wait_metric(
-                client, args.port, target=requests, label="summarize requests done", **summaries
-            )
+            await wait_healthy(client, [args.port])
+            cpu_start = workers.cpu_seconds()[0]
+            start = await offer_backlog(args, env, payloads)
+            done = await accumulator_done(client, args, env["AC_TOPIC_PREFIX"], len(payloads))
             cpu = workers.cpu_seconds()[0] - cpu_start
             rss = workers.peak_rss_mb()[0]
     finally:
         workers.stop()
     return {
-        "rate": in_window / (done - start),
-        "cpu_us_per_action": cpu * 1e6 / in_window,
+        "rate": actions / (done - start),
+        "cpu_us_per_action": cpu * 1e6 / actions,
         "rss_mb": rss,
     }
 
@@ -486,40 +506,29 @@ async def bench_accumulate(
 async def bench_pipeline(
     args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
 ) -> dict[str, Any]:
-    env, run_dir = await prefilled_run(args, payloads)
+    env, run_dir = await new_run(args)
     workers = Workers(env, run_dir, args.port)
-    acked = {"name": "ac_records_acknowledged_total", "topic": env["AC_TOPIC_PREFIX"] + "actions"}
-    expected_ops = len(payloads)  # actions_written operations; summaries are counted apart
     try:
         async with httpx.AsyncClient(timeout=5) as client:
             workers.start("agents.app", "pipeline", args.port)
             workers.start("sinks.app", "sink-null", args.port + 1, AC_SINK="null")
-            await wait_metric(client, args.port + 1, "ac_sink_operations_total", 1, "first op")
-            start, cpu_start = time.perf_counter(), workers.cpu_seconds()
-            # Only what is done after ``start`` counts: the first scrape that answers
-            # may come after thousands of actions (found with a 20,000-action run
-            # that "accumulated" 1,000,000 actions/s).
-            durable = len(payloads) - metric(await scrape(client, args.port), **acked)
-            accumulated = actions * durable / len(payloads)  # see bench_accumulate
-            applied_ops = expected_ops - metric(
-                await scrape(client, args.port + 1),
-                "ac_sink_operations_total",
-                op="actions_written",
+            await wait_healthy(client, [args.port, args.port + 1])
+            cpu_start = workers.cpu_seconds()
+            start = await offer_backlog(args, env, payloads)
+            t_accumulated = await accumulator_done(
+                client, args, env["AC_TOPIC_PREFIX"], len(payloads)
             )
-            applied = actions * applied_ops / expected_ops  # payloads hold 1-3 actions
-            t_accumulated = await wait_metric(
-                client, args.port, target=len(payloads), label="payloads durable", **acked
-            )
+            pipeline_cpu = workers.cpu_seconds()[0] - cpu_start[0]
             t_applied = await wait_metric(
                 client,
                 args.port + 1,
                 "ac_sink_operations_total",
-                expected_ops,
+                len(payloads),  # actions_written operations; summaries are counted apart
                 "batches applied at the null sink",
                 op="actions_written",
             )
             rss = workers.peak_rss_mb()
-            cpu = [end - begin for end, begin in zip(workers.cpu_seconds(), cpu_start, strict=True)]
+            sink_cpu = workers.cpu_seconds()[1] - cpu_start[1]
     finally:
         workers.stop()
     kafka_data = Path(
@@ -533,9 +542,9 @@ async def bench_pipeline(
     return {
         "faust_floor_rate": floor,
         "batch_floor_rate": batch_floor,
-        "accumulate_rate": accumulated / (t_accumulated - start),
-        "end_to_end_rate": applied / (t_applied - start),
-        "cpu_us_per_action": [cpu[0] * 1e6 / accumulated, cpu[1] * 1e6 / applied],
+        "accumulate_rate": actions / (t_accumulated - start),
+        "end_to_end_rate": actions / (t_applied - start),
+        "cpu_us_per_action": [pipeline_cpu * 1e6 / actions, sink_cpu * 1e6 / actions],
         "rss_pipeline_mb": rss[0],
         "rss_sink_mb": rss[1],
         "changelog_bytes_per_action": cl_bytes / actions,
