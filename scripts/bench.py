@@ -5,8 +5,8 @@
   (c) our pipeline end to end: actions -> tables -> context -> a null sink, instant LLM
   latency: p50/p99 from produce to application at the sink, at a fixed offered rate
   --mode summarizer: 2,000 sessions, an LLM that takes 500 ms: summaries per second
-  --mode accumulate: the pipeline worker alone on a pre-filled topic, beside (b) and
-    our accumulator's transition alone in this process (what the rest costs)
+  --mode accumulate: the pipeline worker alone on a backlog, to durable and summarised,
+    beside (b) and our accumulator's transition alone in this process (what the rest costs)
 
 Prints figures and ratios; it is not a test. Needs the broker (make broker).
 """
@@ -565,11 +565,7 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
         "AC_LLM_CALLABLE": "scripts.bench_plugins:instant",
         "AC_STORE": args.store,
     }
-    settings = Settings(
-        kafka_bootstrap_servers=args.bootstrap,
-        topic_prefix=env["AC_TOPIC_PREFIX"],
-        partitions=args.partitions,
-    )
+    settings = settings_of(args, env)
     await ensure_topics(settings)
     seconds, warmup_s = args.latency_seconds, 5.0
     payloads = workload(
@@ -694,11 +690,7 @@ async def bench_summarizer(args: argparse.Namespace) -> float:
         "AC_LLM_CONCURRENCY": str(args.llm_concurrency),
         "AC_IDLE_TIMEOUT_S": "3600",
     }
-    settings = Settings(
-        kafka_bootstrap_servers=args.bootstrap,
-        topic_prefix=env["AC_TOPIC_PREFIX"],
-        partitions=args.partitions,
-    )
+    settings = settings_of(args, env)
     await ensure_topics(settings)
     payloads = workload(
         sessions * threshold * 2,
