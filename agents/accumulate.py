@@ -128,6 +128,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         debounce_ms=settings.debounce_ms,
         debounce_max_ms=settings.debounce_max_ms,
         max_pending_bytes=MESSAGE_MAX_BYTES // 2,
+        ledger=settings.ledger_limits(),
     )
     sessions = session_keyed_table(app, "sessions")
 
@@ -229,8 +230,12 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
             return
         now = time.time()
         idle = []
+        # Outside the pacer's clock: the log-end lookup waits on the broker, and on a busy
+        # loop that wait put the next scan 9x as far off (a 7 s gap closed after 17 s;
+        # tests/test_fidelity.py, the session "gap-long").
+        current = await source.caught_up()
         with pacer.scanning():
-            async for sid, raw in session_items(sessions, await source.caught_up()):
+            async for sid, raw in session_items(sessions, current):
                 state = SessionState.from_bytes(raw)
                 if now - state.last_seen >= settings.idle_timeout_s:
                     idle.append(sid)

@@ -15,7 +15,7 @@ __all__ = ["offline_summary"]
 
 _KEY_TYPES = ("submit", "error", "purchase", "upgrade", "delete", "export", "invite", "create")
 _PREVIOUS_PAGES = re.compile(r"Pages: (.*?)\.(?: |$)")
-_PREVIOUS_COUNT = re.compile(r"^(\d+) actions so far")
+_PREVIOUS_COUNT = re.compile(r"^(\d+) actions? so far")
 
 
 def _is_key(action: SlimAction) -> bool:
@@ -38,9 +38,14 @@ def _previous(previous: str | None) -> tuple[int, list[str]]:
     )
 
 
-def offline_summary(previous: str | None, payloads: list[ActionsPayload]) -> str:
+def offline_summary(
+    previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+) -> str:
+    """``total``: the session's action count so far when the caller knows it (the
+    summarize stage does: the request's ``seq_to``); else it is read from ``previous``."""
     actions = [a for p in payloads for a in p.actions]
     before, pages = _previous(previous)
+    count = before + len(actions) if total is None else total
     for action in actions:
         page = _page(action)
         if page in pages:
@@ -49,7 +54,8 @@ def offline_summary(previous: str | None, payloads: list[ActionsPayload]) -> str
     pages = pages[-6:]
     key = list(dict.fromkeys(a.description or a.title for a in actions if _is_key(a)))[-3:]
     last = actions[-1] if actions else None
-    parts = [f"{before + len(actions)} actions so far.", f"Pages: {', '.join(pages)}."]
+    noun = "action" if count == 1 else "actions"
+    parts = [f"{count} {noun} so far.", f"Pages: {', '.join(pages)}."]
     if key:
         parts.append(f"Key actions: {'; '.join(key)}.")
     if last is not None:

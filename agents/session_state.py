@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import orjson
 
 from schemas import ActionsPayload
+from schemas.ledger import LedgerLimits, new_ledger, update_ledger
 
 __all__ = [
     "BatchStore",
@@ -69,6 +70,8 @@ class SessionState:
     debounce_first: float = 0.0
     debounce_last: float = 0.0
     last_seen: float = 0.0
+    # The session's facts (schemas.ledger), updated on every batch; None: turned off.
+    ledger: dict[str, Any] | None = None
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(self)  # orjson encodes dataclasses natively (no asdict deep copy)
@@ -90,6 +93,9 @@ class Emission:
     value: bytes
 
 
+DEFAULT_LEDGER = LedgerLimits()
+
+
 @dataclass(frozen=True)
 class Limits:
     threshold: int
@@ -99,6 +105,7 @@ class Limits:
     # A summary is requested early, before K actions, when the pending batches
     # would exceed this: one summarize request must fit in a broker message.
     max_pending_bytes: int = 512 * 1024
+    ledger: LedgerLimits | None = DEFAULT_LEDGER  # None: no ledger (AC_LEDGER=false)
 
 
 def _chunks(payload: ActionsPayload, size: int) -> list[ActionsPayload]:
@@ -130,6 +137,8 @@ def _write_batch(
         state.next_seq = seq_to + 1
         if chunk.conversation_id:
             state.conversation_id = chunk.conversation_id
+        if state.ledger is not None and limits.ledger is not None:
+            update_ledger(state.ledger, chunk.actions, seq_from, limits.ledger, now)
         out.append(
             Emission(
                 "context",
@@ -142,7 +151,7 @@ def _write_batch(
                         "generation": state.generation,
                         "seq_from": seq_from,
                         "seq_to": seq_to,
-                        "text": chunk.to_text(),
+                        "text": chunk.numbered_text(seq_from),
                         "payload": orjson.Fragment(body),
                         "emitted_at": now,
                     }
@@ -161,7 +170,10 @@ def _write_batch(
 def _summarize_request(
     state: SessionState, session_id: str, now: float, store: BatchStore, *, final: bool
 ) -> Emission:
-    """Everything after the last summary, sent for summarising (and dropped from the store)."""
+    """Everything after the last summary, sent for summarising (and dropped from the store).
+
+    A ``final`` request may hold no batches: it still closes the generation.
+    """
     batches = store.take(session_id, state.first_batch, state.next_batch)
     request = {
         "session_id": session_id,
@@ -172,6 +184,7 @@ def _summarize_request(
         "batches": [orjson.Fragment(b) for b in batches],
         "final": final,
         "created_at": now,
+        "ledger": state.ledger,
     }
     state.summarized_to = state.next_seq - 1
     state.first_batch = state.next_batch
@@ -215,7 +228,11 @@ def apply_payload(
     """
     now = time.time() if now is None else now
     if state is None:
-        state = SessionState(generation=offset, product_id=payload.product_id)
+        state = SessionState(
+            generation=offset,
+            product_id=payload.product_id,
+            ledger=new_ledger() if limits.ledger is not None else None,
+        )
     state.last_offset = offset
     state.last_seen = now
     if payload.product_id:
@@ -239,8 +256,14 @@ def already_applied(state: SessionState | None, offset: int) -> bool:
 def close_idle(
     state: SessionState, session_id: str, limits: Limits, now: float, store: BatchStore
 ) -> list[Emission]:
-    """The session went idle: write what is debounced and summarise what is left."""
+    """The session went idle: write what is debounced and summarise what is left.
+
+    Every session that was ever summarised gets a final request, with or without
+    batches: the summarize stage keeps the session's summary state until that
+    request and drops it then (the close is the only end of that state, so no
+    clock there can forget a session that is still going; docs/context-fidelity.md).
+    """
     out = flush_debounce(state, limits, now, store)
-    if state.pending_batches:
+    if state.pending_batches or state.summarized_to:
         out.append(_summarize_request(state, session_id, now, store, final=True))
     return out

@@ -37,7 +37,7 @@ from streams.lanes import InOrderAcks, Lanes, feed_lanes
 from streams.tables import session_items, session_table
 from streams.topics import MESSAGE_MAX_BYTES, Topics
 
-__all__ = ["CARRY_MAX_BYTES", "SummaryState", "fold_large_carry", "register"]
+__all__ = ["CARRY_MAX_BYTES", "SummaryState", "fold_large_carry", "offline_fold", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +49,28 @@ CARRY_MAX_BYTES = MESSAGE_MAX_BYTES // 4
 
 @dataclass
 class SummaryState:
+    """One session generation's rolling summary, from its first request to its close.
+
+    Its lifetime follows the log, not a clock: it begins with the generation's
+    first request and ends with its final request (the accumulator sends one
+    for every session it closes, with or without batches). After the final it
+    is kept as a small ``closed`` record, so a replay of that final (a crash
+    before its offset was committed) is skipped instead of starting from
+    nothing; only closed records expire (``summarize.forget_closed``).
+    tests/test_fidelity.py proves it.
+    """
+
     generation: int
     summary: str | None = None
-    covered_to: int = 0
+    covered_to: int = 0  # the summary covers actions 1..covered_to
+    # The last seq_to of a request taken, summarised or carried: the next request
+    # must start right after it (the chain check, ``ac_summary_chain_breaks_total``).
+    requested_to: int = 0
     # Actions whose request failed after the retry budget: the next request
     # summarises them too, so the rolling summary never skips a range.
     carry: list[dict[str, Any]] = field(default_factory=list)
     carry_from: int | None = None
+    closed: bool = False  # the generation's final request was handled
     updated_at: float = 0.0
 
     def to_bytes(self) -> bytes:
@@ -70,22 +85,46 @@ class SummaryState:
         """Actions of failed requests that no emitted summary covers yet."""
         return self.carry_from is not None
 
+    def replayed(self, request: SummarizeRequest) -> bool:
+        """Taken before (a redelivery after a crash): skip it."""
+        if self.closed:
+            return True
+        return not request.closes_only and request.seq_to <= self.requested_to
 
-def fold_large_carry(state: SummaryState, max_chars: int, budget: int = CARRY_MAX_BYTES) -> bool:
+    def closed_record(self, now: float) -> SummaryState:
+        return SummaryState(
+            generation=self.generation,
+            covered_to=self.covered_to,
+            requested_to=self.requested_to,
+            closed=True,
+            updated_at=now,
+        )
+
+
+def offline_fold(
+    previous: str | None, payloads: list[ActionsPayload], total: int, max_chars: int
+) -> str:
+    """Roll ``payloads`` into ``previous`` with the offline (extractive, no network)
+    summarizer, for when the LLM cannot: half for what it held, half for the new."""
+    folded = cap_summary(offline_summary(None, payloads, total=total), max_chars // 2)
+    before = cap_summary(previous, max_chars // 2) if previous else ""
+    return f"{before}\n(Summarised without the LLM:) {folded}".strip()
+
+
+def fold_large_carry(
+    state: SummaryState, max_chars: int, total: int, budget: int = CARRY_MAX_BYTES
+) -> bool:
     """If the carried actions exceed ``budget`` bytes, fold them into the rolling summary
-    with the offline (extractive, no network) summarizer: the LLM has been failing, and
-    a carry growing without bound would break the table entry, then every prompt.
+    with :func:`offline_fold`: the LLM has been failing, and a carry growing without
+    bound would break the table entry, then every prompt.
 
     ``carry_from`` stays: the next summary emitted still starts its window there, so
-    the summaries the sinks get stay contiguous. The summary stays bounded: half for
-    what it held, half for the folded actions. Returns whether it folded.
+    the summaries the sinks get stay contiguous. Returns whether it folded.
     """
     if len(orjson.dumps(state.carry)) <= budget:
         return False
     carried = [ActionsPayload.model_validate(b) for b in state.carry]
-    folded = cap_summary(offline_summary(None, carried), max_chars // 2)
-    before = cap_summary(state.summary, max_chars // 2) if state.summary else ""
-    state.summary = f"{before}\n(Summarised without the LLM:) {folded}".strip()
+    state.summary = offline_fold(state.summary, carried, total, max_chars)
     state.carry = []
     return True
 
@@ -108,6 +147,22 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             return SummaryState(generation=generation)
         return state if state.generation == generation else None
 
+    def check_chain(request: SummarizeRequest, state: SummaryState) -> None:
+        """Each request starts right after the previous one of its generation, so each
+        summary is prompted with its predecessor (or the carried actions)."""
+        if request.seq_from == state.requested_to + 1:
+            return
+        metrics.SUMMARY_CHAIN_BREAKS.inc()
+        log.warning(
+            "session %s (generation %d): summary chain break: request for actions %d-%d, "
+            "but the last one taken ended at %d; this summary starts without its predecessor",
+            request.session_id,
+            request.generation,
+            request.seq_from,
+            request.seq_to,
+            state.requested_to,
+        )
+
     async def emit_summary(request: SummarizeRequest, state: SummaryState, text: str) -> None:
         payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
         op = SummaryReady(
@@ -121,6 +176,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             summary=text,
             final=request.final,
             emitted_at=time.time(),
+            ledger=request.ledger,
         )
         await (await app.append(context_topic, request.session_id.encode(), encode(op)))
 
@@ -144,7 +200,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             state.carry_from = request.seq_from
         state.carry.extend(b.model_dump(mode="json") for b in request.batches)
         metrics.SUMMARIES.labels("failed").inc()
-        if fold_large_carry(state, settings.summary_max_chars):
+        if fold_large_carry(state, settings.summary_max_chars, total=request.seq_to):
             log.warning(
                 "session %s: actions carried since %s passed %d bytes; folded into the "
                 "summary by the offline summarizer",
@@ -153,31 +209,59 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
                 CARRY_MAX_BYTES,
             )
 
+    async def summarise(
+        message: Message, request: SummarizeRequest, state: SummaryState
+    ) -> str | None:
+        """The next summary of the session, or None when there is none to emit.
+
+        A final request whose LLM call fails is summarised offline instead, so every
+        generation ends with a summary that covers all of it (its raw notes go).
+        """
+        payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
+        if not payloads:  # a close right after a summary: that summary becomes the final
+            return state.summary
+        lanes.mark(request.session_id, "summarizing (LLM)")
+        try:
+            return await summarizer.summarize(state.summary, payloads, total=request.seq_to)
+        except LLMError as exc:
+            if not request.final:
+                lanes.mark(request.session_id, "recording a failed summary")
+                await give_up(message, request, state, exc)
+                return None
+            log.warning(
+                "session %s: final summary of actions %d-%d failed in the LLM (%s); "
+                "summarised offline so the session closes with its whole history",
+                request.session_id,
+                state.carry_from or request.seq_from,
+                request.seq_to,
+                exc,
+            )
+            metrics.SUMMARIES.labels("offline_fallback").inc()
+            return offline_fold(state.summary, payloads, request.seq_to, settings.summary_max_chars)
+
     async def handle(session_id: str, item: tuple[Any, SummarizeRequest]) -> None:
         ticket, request = item
         state = load(session_id, request.generation)
-        if state is None or request.seq_to <= state.covered_to:
+        if state is None or state.replayed(request):
             metrics.REPLAYS_SKIPPED.labels("summarize").inc()
             await acks.done(ticket)
             return
-        payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
-        lanes.mark(session_id, "summarizing (LLM)")
-        try:
-            text = await summarizer.summarize(state.summary, payloads)
-        except LLMError as exc:
-            lanes.mark(session_id, "recording a failed summary")
-            await give_up(ticket.message, request, state, exc)
-        else:
+        check_chain(request, state)
+        text = await summarise(ticket.message, request, state)
+        if text is not None:
             lanes.mark(session_id, "emitting its summary")
             await emit_summary(request, state, text)
             state.summary, state.covered_to = text, request.seq_to
             state.carry, state.carry_from = [], None
             metrics.SUMMARIES.labels("final" if request.final else "rolling").inc()
+        state.requested_to = max(state.requested_to, request.seq_to)
         state.updated_at = time.time()
-        closed = request.final and not state.pending  # then its state expires
-        value = None if closed else state.to_bytes()
+        if request.final:  # the generation is over: only a small closed record stays
+            state = state.closed_record(state.updated_at)
         lanes.mark(session_id, "waiting for its changelog record")
-        await changelog.confirm([(table, changelog.write(app, table, session_id, value))])
+        await changelog.confirm(
+            [(table, changelog.write(app, table, session_id, state.to_bytes()))]
+        )
         await acks.done(ticket)  # only now, and in offset order, may Faust commit past it
 
     lanes: Lanes[tuple[Any, SummarizeRequest]] = Lanes(
@@ -195,15 +279,15 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             source, lanes, acks, lambda raw: decode(SummarizeRequest, raw), dead_letters.write
         )
 
-    @app.timer(max(settings.idle_timeout_s, 1.0), name="summarize.expire_idle")
-    async def expire_idle_summaries() -> None:
-        # A session that idled out with nothing pending never sends a final
-        # request; its summary state goes after twice the idle time.
-        horizon = time.time() - 2 * settings.idle_timeout_s
+    @app.timer(max(settings.idle_timeout_s, 1.0), name="summarize.forget_closed")
+    async def forget_closed() -> None:
+        # Only closed records go, and only on partitions read to their end: no
+        # replay of their final request can still come (tests/test_fidelity.py).
+        horizon = time.time() - settings.idle_timeout_s
 
         def expired(raw: bytes | None) -> bool:
             state = None if raw is None else SummaryState.from_bytes(raw)
-            return state is not None and state.updated_at < horizon and not state.pending
+            return state is not None and state.closed and state.updated_at < horizon
 
         current = await source.caught_up()
         candidates = [sid async for sid, raw in session_items(table, current) if expired(raw)]

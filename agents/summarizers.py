@@ -34,7 +34,12 @@ log = logging.getLogger(__name__)
 class Summarizer(Protocol):
     name: str
 
-    async def summarize(self, previous: str | None, payloads: list[ActionsPayload]) -> str: ...
+    async def summarize(
+        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+    ) -> str:
+        """The next rolling summary; ``total`` is the session's action count after
+        ``payloads`` (the request's ``seq_to``), for summarizers that state it."""
+        ...
 
 
 class OfflineSummarizer:
@@ -43,8 +48,10 @@ class OfflineSummarizer:
     def __init__(self, max_chars: int) -> None:
         self._max_chars = max_chars
 
-    async def summarize(self, previous: str | None, payloads: list[ActionsPayload]) -> str:
-        return cap_summary(offline_summary(previous, payloads), self._max_chars)
+    async def summarize(
+        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+    ) -> str:
+        return cap_summary(offline_summary(previous, payloads, total=total), self._max_chars)
 
 
 def _non_empty(llm: LLMCallable) -> LLMCallable:
@@ -73,7 +80,9 @@ class LLMSummarizer:
         self._formatter = formatter
         self._max_chars = max_chars
 
-    async def summarize(self, previous: str | None, payloads: list[ActionsPayload]) -> str:
+    async def summarize(
+        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+    ) -> str:
         prompt = build_prompt(self._template, previous, payloads, self._formatter)
         return cap_summary(await self.llm(prompt), self._max_chars)
 

@@ -135,3 +135,16 @@ class ActionsPayload(BaseModel):
         lines = [f"Session {self.session_id} — {len(self.actions)} actions"]
         lines.extend(action.to_text() for action in self.actions)
         return "\n".join(lines)
+
+    def numbered_text(self, seq_from: int) -> str:
+        """The context's rendering: lines numbered with the session's sequence numbers,
+        the numbers summary ranges use ("Summary of actions 1-12" is followed by [13]),
+        not the SDK's per-batch ``index``."""
+        n = len(self.actions)
+        span = f"action {seq_from}" if n == 1 else f"actions {seq_from}-{seq_from + n - 1}"
+        lines = [f"Session {self.session_id} — {span}"]
+        lines.extend(
+            f"[{seq_from + i}] {a.type}: {a.description} — {a.canonical_url}"
+            for i, a in enumerate(self.actions)
+        )
+        return "\n".join(lines)

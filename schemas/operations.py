@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from schemas.actions import ActionsPayload
+from schemas.ledger import SessionLedger
 
 __all__ = [
     "ActionsWritten",
@@ -46,13 +47,33 @@ class SeqRange(BaseModel):
 
 
 class SummarizeRequest(SeqRange):
-    """Compress a closed range of one session's actions into the rolling summary."""
+    """Compress a closed range of one session's actions into the rolling summary.
+
+    A ``final`` request closes the session's generation at the summarize stage,
+    whose state for it ends then and only then. It may carry no batches (the
+    session went idle right after a summary): its range is then empty,
+    ``seq_from == seq_to + 1``.
+    """
 
     session_id: str
     product_id: str = ""
     batches: list[ActionsPayload]
     final: bool = False  # the session went idle: this closes it
     created_at: float
+    ledger: SessionLedger | None = None  # the session's facts up to seq_to
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SummarizeRequest:  # replaces SeqRange's: a final may be empty
+        if self.seq_to < self.seq_from and not (
+            self.final and not self.batches and self.seq_from == self.seq_to + 1
+        ):
+            raise ValueError(f"empty range [{self.seq_from}, {self.seq_to}]")
+        return self
+
+    @property
+    def closes_only(self) -> bool:
+        """A final request with nothing new to summarise."""
+        return self.seq_from > self.seq_to
 
     @property
     def request_id(self) -> str:
@@ -91,6 +112,7 @@ class SummaryReady(SeqRange):
     window_from: int
     final: bool = False
     emitted_at: float
+    ledger: SessionLedger | None = None  # the session's facts up to seq_to
 
 
 ContextOperation = Annotated[ActionsWritten | SummaryReady, Field(discriminator="op")]

@@ -70,6 +70,13 @@ class CallbackSink:
     async def apply(self, op: Operation, context: SessionContext) -> None:
         if isinstance(op, ActionsWritten):
             if self._write_actions is not None:
-                await _call(self._write_actions, op.session_id, op.text)
+                # The SDK's own text (its ``index`` numbering), as the SDK would write it.
+                await _call(self._write_actions, op.session_id, op.payload.to_text())
+        elif op.generation == context.generation:
+            # The summary, its range and the session's facts (the ledger), after the
+            # earlier visit's when the session came back: everything before the raw tail.
+            await _call(self._overwrite_with_summary, op.session_id, context.summary_text())
         else:
-            await _call(self._overwrite_with_summary, op.session_id, op.summary)
+            # The previous generation's late final summary: the destination already
+            # holds this generation's batches, which the overwrite must keep.
+            await _call(self._overwrite_with_summary, op.session_id, context.render().rstrip())

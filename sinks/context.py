@@ -15,8 +15,9 @@ import orjson
 from pydantic import BaseModel, Field
 
 from schemas import ActionsWritten, SummaryReady
+from schemas.ledger import SessionLedger
 
-__all__ = ["Batch", "SessionContext", "Skip"]
+__all__ = ["Batch", "SessionContext", "Skip", "actions_range", "summary_block"]
 
 
 class Batch(BaseModel):
@@ -38,6 +39,11 @@ class SessionContext(BaseModel):
     batches: list[Batch] = Field(default_factory=list)
     closed: bool = False
     summaries: int = 0  # how many summaries this context has taken (for operators)
+    ledger: SessionLedger | None = None  # the facts up to summary_to (schemas.ledger)
+    # The generation before this one (the session went idle, then came back), kept
+    # so its history stays in the context and its final summary, which may arrive
+    # after the new generation's first batches, still replaces its raw batches.
+    previous: SessionContext | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
@@ -48,30 +54,47 @@ class SessionContext(BaseModel):
         return cls.model_validate(orjson.loads(raw))
 
     def advanced(self, op: ActionsWritten | SummaryReady) -> SessionContext:
-        """The context after ``op``; raises :class:`Skip` if ``op`` was applied already."""
+        """The context after ``op``; raises :class:`Skip` if ``op`` was applied already.
+
+        Across a generation change the order of operations is defined so: the new
+        generation's operations apply at once; the old generation's late ones (its
+        rolling and final summaries, still in the LLM when the session came back)
+        apply to ``previous``. A generation older than that is skipped.
+        tests/test_context.py and tests/test_fidelity.py prove it.
+        """
         if op.generation < self.generation:
-            raise Skip(f"generation {op.generation} < {self.generation}")
+            if self.previous is None or op.generation != self.previous.generation:
+                raise Skip(f"generation {op.generation} < {self.generation}")
+            return self._copy(previous=self.previous.advanced(op))
         base = self
         if op.generation > self.generation:  # the session came back after it expired
             # ``extra`` is carried over: the sink decides what of its bookkeeping
             # outlives a generation (e.g. the session's Intercom conversation).
+            earlier = self.model_copy(update={"previous": None, "extra": {}})
             base = SessionContext(
-                session_id=self.session_id, generation=op.generation, extra=self.extra
+                session_id=self.session_id,
+                generation=op.generation,
+                extra=self.extra,
+                previous=earlier if self.actions_to else self.previous,
             )
         if isinstance(op, ActionsWritten):
             if op.seq_to <= base.actions_to:
                 raise Skip(f"actions up to {op.seq_to} applied already")
             batch = Batch(seq_from=op.seq_from, seq_to=op.seq_to, text=op.text)
             return base._copy(actions_to=op.seq_to, batches=[*base.batches, batch])
-        if op.seq_to <= base.summary_to:
+        # A final with the range of the summary before it closes the session (it went
+        # idle right after that summary); anything else up to summary_to is a replay.
+        closes = op.final and not base.closed and op.seq_to == base.summary_to
+        if op.seq_to <= base.summary_to and not closes:
             raise Skip(f"summary up to {op.seq_to} applied already")
         return base._copy(
             summary=op.summary,
             summary_to=op.seq_to,
+            ledger=op.ledger if op.ledger is not None else base.ledger,
             # A batch that arrived while the LLM was busy is not covered: it stays.
             batches=[b for b in base.batches if b.seq_from > op.seq_to],
             closed=op.final,
-            summaries=base.summaries + 1,
+            summaries=base.summaries + (0 if closes else 1),
         )
 
     def _copy(self, **changes: Any) -> SessionContext:
@@ -82,10 +105,37 @@ class SessionContext(BaseModel):
         extra = copy.deepcopy(self.extra) if self.extra else {}
         return self.model_copy(update={"extra": extra, **changes})
 
-    def render(self) -> str:
-        """The text an agent reads: the summary, then the raw batches after it."""
+    def summary_text(self) -> str:
+        """The summary part of the context: the earlier visit's, then this one's, each
+        with its range and its ledger. What an SDK-style ``overwrite_with_summary`` gets."""
         parts = []
+        if self.previous is not None:
+            parts.append(
+                f"Earlier visit (the session went idle, then came back; "
+                f"this visit numbers its actions from 1 again):\n"
+                f"{self.previous.render().rstrip()}"
+            )
         if self.summary is not None:
-            parts.append(f"Summary of actions 1-{self.summary_to}:\n{self.summary}")
+            parts.append(summary_block(self.summary, self.summary_to, self.ledger, self.closed))
+        return "\n\n".join(parts)
+
+    def render(self) -> str:
+        """The text an agent reads: the summary part, then the raw batches after it."""
+        parts = [self.summary_text()] if self.previous is not None or self.summary else []
         parts.extend(b.text for b in self.batches)
         return "\n\n".join(parts) + ("\n" if parts else "")
+
+
+def actions_range(seq_from: int, seq_to: int) -> str:
+    return f"action {seq_from}" if seq_from == seq_to else f"actions {seq_from}-{seq_to}"
+
+
+def summary_block(
+    summary: str, summary_to: int, ledger: SessionLedger | None, final: bool = False
+) -> str:
+    """One summary as an agent reads it: its range, its text, the session's facts."""
+    label = f"Summary of {actions_range(1, summary_to)}"
+    if final:
+        label += " (final: the session went idle)"
+    block = f"{label}:\n{summary}"
+    return f"{block}\n\n{ledger.render()}" if ledger is not None else block

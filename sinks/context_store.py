@@ -15,13 +15,18 @@ from collections import OrderedDict
 
 import orjson
 from faust.types import TableT
+from pydantic import BaseModel
 
+from schemas.ledger import SessionLedger
 from sinks.context import Batch, SessionContext
 from streams import changelog
 from streams.app import ContextApp
 from streams.tables import batch_key
 
 __all__ = ["ContextStore"]
+
+# The header's fields that are models (the rest are plain JSON values).
+_NESTED: dict[str, type[BaseModel]] = {"ledger": SessionLedger, "previous": SessionContext}
 
 
 class ContextStore:
@@ -76,6 +81,9 @@ class ContextStore:
             batch = Batch.model_construct(**orjson.loads(stored))  # written by save() below
             batches.append(batch)
             seq = batch.seq_to + 1
+        for name, model in _NESTED.items():  # written as JSON by save(): validate those back
+            if header.get(name) is not None:
+                header[name] = model.model_validate(header[name])
         return SessionContext.model_construct(**header, batches=batches)
 
     def save(self, before: SessionContext, after: SessionContext) -> changelog.Written:
@@ -101,6 +109,9 @@ class ContextStore:
         for batch in new:
             put(batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__))
         header = {k: v for k, v in after.__dict__.items() if k != "batches"}
+        for name in _NESTED:
+            if header[name] is not None:
+                header[name] = header[name].model_dump(mode="json")
         header["first_batch"] = after.batches[0].seq_from if after.batches else 0
         put(sid, orjson.dumps(header))
         for batch in deleted:

@@ -52,7 +52,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import SummaryReady
 from sinks.base import Operation, PermanentSinkError
-from sinks.context import SessionContext
+from sinks.context import SessionContext, summary_block
 from sinks.http_retry import (
     RateLimitGate,
     TransientHTTPError,
@@ -364,19 +364,26 @@ class IntercomState(BaseModel):
     pending_summary: PendingSummary | None = None
     to_redact: list[Redaction] = Field(default_factory=list)
     rev: int = 0  # bumped on every completed apply/link
+    # The previous generation's notes still up: its late final summary retires them.
+    previous_generation: int | None = None
+    previous_notes: list[Note] = Field(default_factory=list)
 
 
 def _load(context: SessionContext) -> IntercomState:
     state = IntercomState.model_validate(context.extra) if context.extra else IntercomState()
     if state.generation != context.generation:
         # The session came back after it expired: a new incarnation numbered from 1.
-        # Its notes so far (the old final summary) stay in the conversation.
+        # Its notes so far stay in the conversation; until the old generation's final
+        # summary is up (it may still be in the LLM) they are remembered, so that
+        # summary can retire them (tests/test_intercom.py: ..._late_final_summary...).
         state = state.model_copy(
             update={
                 "generation": context.generation,
                 "posted_to": 0,
                 "notes": [],
                 "pending_summary": None,
+                "previous_generation": state.generation,
+                "previous_notes": state.notes,
             }
         )
     return state
@@ -420,7 +427,10 @@ class IntercomSink:
             if op.conversation_id:
                 state.op_conversation_id = op.conversation_id
             self._follow_link(context.session_id, state)
-            if state.conversation_id is not None:
+            if state.conversation_id is not None and op.generation != context.generation:
+                if isinstance(op, SummaryReady):
+                    await self._apply_previous_summary(context, state, op)
+            elif state.conversation_id is not None:
                 await self._catch_up(context, state)
                 if isinstance(op, SummaryReady):
                     await self._apply_summary(context, state, op)
@@ -500,13 +510,51 @@ class IntercomSink:
             pending = state.pending_summary = PendingSummary(seq_to=op.seq_to)
         if pending.part_id is None:
             note = await self._post(
-                context, state, "summary", 1, op.seq_to, op.summary, when=op.emitted_at
+                context, state, "summary", 1, op.seq_to, _summary_text(op), when=op.emitted_at
             )
             pending.part_id = note.part_id
         # The summary note is confirmed: only now does anything it covers go.
         self._retire_covered(state, op.seq_to, keep=pending.part_id)
         await self._redact_pending(state)
         state.pending_summary = None
+
+    async def _apply_previous_summary(
+        self, context: SessionContext, state: IntercomState, op: SummaryReady
+    ) -> None:
+        """The previous generation's late summary: post it, then retire what it covers."""
+        if op.generation != state.previous_generation:
+            return  # its notes are not ours to retire (an older generation, or unlinked)
+        notes = state.previous_notes
+        note = next(
+            (n for n in notes if (n.kind, n.seq_from, n.seq_to) == ("summary", 1, op.seq_to)),
+            None,
+        )
+        if note is None:
+            part_id = await self._post_note(
+                state,
+                context.session_id,
+                op.generation,
+                "summary",
+                1,
+                op.seq_to,
+                _summary_text(op),
+                when=op.emitted_at,
+            )
+            assert state.conversation_id is not None
+            note = Note(
+                part_id=part_id,
+                conversation_id=state.conversation_id,
+                kind="summary",
+                seq_from=1,
+                seq_to=op.seq_to,
+            )
+            notes.append(note)
+        covered = [n for n in notes if n.seq_to <= op.seq_to and n.part_id != note.part_id]
+        state.previous_notes = [n for n in notes if n not in covered]
+        state.to_redact.extend(
+            Redaction(part_id=n.part_id, conversation_id=n.conversation_id) for n in covered
+        )
+        await self._redact_pending(state)
 
     async def _post_waiting(
         self, context: SessionContext, state: IntercomState, when: float
@@ -519,7 +567,10 @@ class IntercomSink:
         texts = [b.text for b in batches]
         if summary_waiting:
             assert context.summary is not None
-            texts.insert(0, f"Summary of actions 1-{context.summary_to}:\n{context.summary}")
+            texts.insert(
+                0,
+                summary_block(context.summary, context.summary_to, context.ledger, context.closed),
+            )
             kind: Kind = "catch-up" if batches else "summary"
             seq_from = 1
         else:
@@ -547,29 +598,15 @@ class IntercomSink:
         conversation_id = state.conversation_id
         assert conversation_id is not None
         sid = context.session_id
-        body = note_body(sid, context.generation, kind, seq_from, seq_to, text, when)
         try:
-            parts = await self.api.reply_note(conversation_id, body)
-        except TransientHTTPError as exc:
-            if exc.maybe_delivered:
-                self._dirty.add(sid)  # the next attempt looks before it posts again
-            raise
-        except ConversationNotFound:
-            self._not_found(conversation_id)
+            part_id = await self._post_note(
+                state, sid, context.generation, kind, seq_from, seq_to, text, when=when
+            )
         except PermanentSinkError:
             state.posted_to = max(
                 state.posted_to, seq_to
             )  # refused: don't resend it inside later notes
             raise
-        self._missing_since.pop(conversation_id, None)
-        part_id = _new_part_id(parts, session_ref(sid), kind, seq_from, seq_to)
-        if part_id is None:
-            # Posted, but the answer doesn't say which part it is: look it up next time.
-            self._dirty.add(sid)
-            raise TransientHTTPError(
-                f"Intercom reply to {conversation_id}: no new note in the response",
-                maybe_delivered=True,
-            )
         note = Note(
             part_id=part_id,
             conversation_id=conversation_id,
@@ -580,6 +617,41 @@ class IntercomSink:
         state.notes.append(note)
         state.posted_to = max(state.posted_to, seq_to)
         return note
+
+    async def _post_note(
+        self,
+        state: IntercomState,
+        sid: str,
+        generation: int,
+        kind: Kind,
+        seq_from: int,
+        seq_to: int,
+        text: str,
+        *,
+        when: float,
+    ) -> str:
+        """Post one note to the session's conversation; its part id."""
+        conversation_id = state.conversation_id
+        assert conversation_id is not None
+        body = note_body(sid, generation, kind, seq_from, seq_to, text, when)
+        try:
+            parts = await self.api.reply_note(conversation_id, body)
+        except TransientHTTPError as exc:
+            if exc.maybe_delivered:
+                self._dirty.add(sid)  # the next attempt looks before it posts again
+            raise
+        except ConversationNotFound:
+            self._not_found(conversation_id)
+        self._missing_since.pop(conversation_id, None)
+        part_id = _new_part_id(parts, session_ref(sid), kind, seq_from, seq_to)
+        if part_id is None:
+            # Posted, but the answer doesn't say which part it is: look it up next time.
+            self._dirty.add(sid)
+            raise TransientHTTPError(
+                f"Intercom reply to {conversation_id}: no new note in the response",
+                maybe_delivered=True,
+            )
+        return part_id
 
     def _not_found(self, conversation_id: str) -> NoReturn:
         """A conversation may not be visible yet right after it was created: retry for a while."""
@@ -685,6 +757,11 @@ class IntercomSink:
             )
         self._dirty.discard(sid)
         self._trust(sid, state)
+
+
+def _summary_text(op: SummaryReady) -> str:
+    """A summary note's text: the summary, then the session's facts (the ledger)."""
+    return f"{op.summary}\n\n{op.ledger.render()}" if op.ledger is not None else op.summary
 
 
 def _new_part_id(

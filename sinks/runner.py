@@ -27,7 +27,7 @@ from tenacity import (
 
 from schemas import ActionsWritten, InvalidMessage, SessionLink, context_operation_adapter, decode
 from sinks.base import ContextSink, LinkAwareSink, Operation, PermanentSinkError
-from sinks.context import Skip
+from sinks.context import SessionContext, Skip
 from sinks.context_store import ContextStore
 from streams import changelog, metrics
 from streams.app import ContextApp
@@ -37,7 +37,7 @@ from streams.lanes import InOrderAcks, Lanes, feed_lanes
 from streams.tables import session_keyed_table
 from streams.topics import Topics
 
-__all__ = ["register"]
+__all__ = ["pull_view", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,35 @@ def _decode(raw: bytes | None) -> Operation:
         return context_operation_adapter.validate_python(orjson.loads(raw))
     except ValueError as exc:  # orjson.JSONDecodeError and ValidationError both are
         raise InvalidMessage(f"invalid context operation: {exc}") from None
+
+
+def pull_view(context: SessionContext) -> dict[str, Any]:
+    """What ``GET /sessions/{id}/context`` answers: the context an agent reads, as text
+    and as structured JSON (the summary, its facts, the raw batches after it)."""
+    previous = context.previous
+    return {
+        "session_id": context.session_id,
+        "generation": context.generation,
+        "summary": context.summary,
+        "summary_covers": [1, context.summary_to] if context.summary else None,
+        "summaries": context.summaries,
+        "actions_applied": context.actions_to,
+        "closed": context.closed,
+        "ledger": context.ledger.model_dump() if context.ledger else None,
+        "actions": [b.model_dump() for b in context.batches],
+        "previous": None
+        if previous is None
+        else {
+            "generation": previous.generation,
+            "summary": previous.summary,
+            "summary_covers": [1, previous.summary_to] if previous.summary else None,
+            "actions_applied": previous.actions_to,
+            "closed": previous.closed,
+            "ledger": previous.ledger.model_dump() if previous.ledger else None,
+            "actions": [b.model_dump() for b in previous.batches],
+        },
+        "text": context.render(),
+    }
 
 
 def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, bytes]:
@@ -184,18 +213,6 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
         """The pull view: like the SDK's ContextStore, without summarised actions twice."""
         if contexts.get(session_id) is None:
             return web.json({"error": f"no context for session {session_id!r}"}, status=404)
-        context = store.load(session_id)
-        return web.json(
-            {
-                "session_id": session_id,
-                "summary": context.summary,
-                "summary_covers": [1, context.summary_to] if context.summary else None,
-                "summaries": context.summaries,
-                "actions_applied": context.actions_to,
-                "closed": context.closed,
-                "actions": [b.model_dump() for b in context.batches],
-                "text": context.render(),
-            }
-        )
+        return web.json(pull_view(store.load(session_id)))
 
     return contexts

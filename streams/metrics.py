@@ -31,6 +31,11 @@ DEAD_LETTERS = Counter(
     "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]
 )
 SUMMARIES = Counter("ac_summaries_total", "Summaries emitted", ["outcome"])
+SUMMARY_CHAIN_BREAKS = Counter(
+    "ac_summary_chain_breaks_total",
+    "Summarize requests that did not start right after their generation's previous one "
+    "(the summary was prompted without its predecessor); must stay 0",
+)
 LLM_LATENCY = Histogram(
     "ac_llm_latency_seconds",
     "LLM call latency",

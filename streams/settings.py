@@ -6,11 +6,14 @@ names the setting, instead of failing at the first threshold crossing.
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas.ledger import DEFAULT_ERROR_PATTERN, DEFAULT_KEY_PATTERN, LedgerLimits
 
 __all__ = ["ConfigurationError", "Settings", "load_settings"]
 
@@ -54,6 +57,14 @@ class Settings(BaseSettings):
     idle_timeout_s: float = Field(default=300.0, gt=0)
     idle_check_interval_s: float = Field(default=5.0, gt=0)
     max_actions_per_batch: int = Field(default=500, ge=1)
+    # The session ledger (schemas/ledger.py): facts counted from every action, shown
+    # beside the summary. Sized here; AC_LEDGER=false turns it off.
+    ledger: bool = True
+    ledger_top_pages: int = Field(default=10, ge=1, le=100)
+    ledger_key_actions: int = Field(default=8, ge=0, le=100)
+    ledger_errors: int = Field(default=5, ge=0, le=100)
+    ledger_key_pattern: str = DEFAULT_KEY_PATTERN  # a regex over "type: title description"
+    ledger_error_pattern: str = DEFAULT_ERROR_PATTERN
 
     # Summarizer
     llm_api_key: SecretStr | None = Field(
@@ -93,6 +104,26 @@ class Settings(BaseSettings):
         if value < 1:
             raise ValueError(f"AC_THRESHOLD must be >= 1 (actions per summary), got {value}")
         return value
+
+    @field_validator("ledger_key_pattern", "ledger_error_pattern")
+    @classmethod
+    def _a_regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc})") from None
+        return value
+
+    def ledger_limits(self) -> LedgerLimits | None:
+        if not self.ledger:
+            return None
+        return LedgerLimits(
+            top_pages=self.ledger_top_pages,
+            key_actions=self.ledger_key_actions,
+            errors=self.ledger_errors,
+            key_pattern=self.ledger_key_pattern,
+            error_pattern=self.ledger_error_pattern,
+        )
 
     @property
     def broker_url(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
+from schemas.ledger import SessionLedger
 from sinks.context import SessionContext, Skip
 from sinks.context_store import _changed_batches
 
@@ -51,18 +52,65 @@ def test_redelivered_operations_are_skipped() -> None:
     assert ctx.advanced(written(4, 5)).actions_to == 5
 
 
-def test_a_new_generation_starts_a_fresh_context_and_old_ones_are_ignored() -> None:
+def test_a_new_generation_starts_a_fresh_context_and_keeps_the_earlier_visit() -> None:
     ctx = SessionContext(session_id="s").advanced(written(1, 3)).advanced(summary(3, final=True))
     assert ctx.closed
     fresh = ctx.advanced(written(1, 2, generation=50))
     assert fresh.generation == 50 and fresh.summary is None and fresh.actions_to == 2
+    assert fresh.previous is not None and fresh.previous.summary_to == 3
+    assert fresh.render() == (
+        "Earlier visit (the session went idle, then came back; this visit numbers its "
+        "actions from 1 again):\nSummary of actions 1-3 (final: the session went idle):\nsum"
+        "\n\nbatch 1-2\n"
+    )
+    with pytest.raises(Skip):  # the previous generation's replays
+        fresh.advanced(summary(3, final=True))
+    later = fresh.advanced(written(3, 3, generation=90))  # a third visit
+    assert later.previous is not None and later.previous.generation == 50
+    with pytest.raises(Skip):  # older than the previous generation
+        later.advanced(summary(5, final=True))
+
+
+def test_a_late_final_summary_of_the_previous_generation_replaces_its_batches() -> None:
+    """The session came back while its final summary was in the LLM: the new visit's
+    batches arrive first; the final still replaces the old visit's raw batches."""
+    ctx = SessionContext(session_id="s")
+    for op in (written(1, 3), summary(3, "first three"), written(4, 5)):
+        ctx = ctx.advanced(op)
+    ctx = ctx.advanced(written(1, 2, generation=50))
+    assert ctx.previous is not None and [b.seq_from for b in ctx.previous.batches] == [4]
+    ctx = ctx.advanced(summary(5, "all five", final=True))
+    assert ctx.generation == 50 and [b.text for b in ctx.batches] == ["batch 1-2"]
+    assert ctx.previous is not None and ctx.previous.batches == []
+    assert ctx.previous.closed and ctx.previous.summary == "all five"
+    assert "batch 4-5" not in ctx.render() and "all five" in ctx.render()
+
+
+def test_a_close_right_after_a_summary_marks_the_context_final() -> None:
+    ctx = SessionContext(session_id="s").advanced(written(1, 10)).advanced(summary(10, "ten"))
+    closed = ctx.advanced(summary(10, "ten", final=True))
+    assert closed.closed and closed.summaries == 1
+    assert closed.render() == "Summary of actions 1-10 (final: the session went idle):\nten\n"
     with pytest.raises(Skip):
-        fresh.advanced(written(4, 4, generation=0))
+        closed.advanced(summary(10, "ten", final=True))
+
+
+def test_ranges_read_in_the_numbering_of_the_raw_lines_and_in_good_english() -> None:
+    ctx = SessionContext(session_id="s").advanced(written(1, 1)).advanced(summary(1, "one"))
+    assert ctx.render().startswith("Summary of action 1:\none")
+    text = ActionsPayload.model_validate(
+        {"session_id": "s", "actions": [{"index": 0, "type": "click", "description": "Go"}]}
+    ).numbered_text(13)
+    assert text == "Session s — action 13\n[13] click: Go — "
 
 
 def test_the_context_survives_its_table_encoding() -> None:
     ctx = SessionContext(session_id="s", extra={"notes": [["p1", 1, 3]]}).advanced(written(1, 3))
     assert SessionContext.from_bytes(ctx.to_bytes()) == ctx
+    ledger = SessionLedger(actions=3, batches=1, pages={"/x": 3})
+    came_back = ctx.advanced(summary(3).model_copy(update={"ledger": ledger}))
+    came_back = came_back.advanced(written(1, 1, generation=9))
+    assert SessionContext.from_bytes(came_back.to_bytes()) == came_back
 
 
 def test_a_save_writes_only_the_batches_an_operation_added_or_dropped() -> None:

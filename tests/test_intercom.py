@@ -197,6 +197,30 @@ async def test_summary_goes_first_and_redacts_only_what_it_covers() -> None:
         assert extra["to_redact"] == [] and extra["pending_summary"] is None
 
 
+async def test_a_late_final_summary_of_the_previous_generation_retires_its_notes() -> None:
+    """The session came back while its final summary was still in the LLM: the new
+    generation's notes go up first; the old final summary must still replace the old
+    generation's raw notes (the old code skipped it as a replay and left them up)."""
+    async with FakeIntercomServer(token=TOKEN) as server:
+        server.add_conversation("c1")
+        runner = MiniRunner(make_sink(server))
+        await runner.apply(written("s", 1, 3))
+        await runner.apply(summary("s", 3))
+        await runner.apply(written("s", 4, 5))  # then idle: its final (1-5) is in the LLM
+        came_back = written("s", 1, 2).model_copy(update={"generation": 77})
+        await runner.apply(came_back)
+        final = summary("s", 5, text="all five").model_copy(update={"final": True})
+        await runner.apply(final)
+        visible = [
+            (m.generation, m.kind, m.seq_from, m.seq_to)
+            for m in (parse_note(p.original_body) for p in server.visible_notes("c1"))
+            if m is not None
+        ]
+        assert sorted(visible) == [(0, "summary", 1, 5), (77, "actions", 1, 2)]
+        await runner.apply(final)  # a replay: nothing posted twice
+        assert len(server.visible_notes("c1")) == 2
+
+
 async def test_a_crash_after_the_summary_neither_reposts_it_nor_forgets_redactions() -> None:
     async with FakeIntercomServer(token=TOKEN) as server:
         server.add_conversation("c1")

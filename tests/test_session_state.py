@@ -115,7 +115,9 @@ def test_idle_close_summarises_what_is_pending() -> None:
     state, _ = apply_payload(None, payload(3), offset=5, limits=limits, now=0.0, store=store)
     (request,) = decode_all(close_idle(state, "s1", limits, 400.0, store))
     assert request.final and (request.seq_from, request.seq_to) == (1, 3)
-    assert close_idle(state, "s1", limits, 401.0, store) == []
+    # Closed again with nothing pending: still a final, empty (it ends the summary state).
+    (again,) = decode_all(close_idle(state, "s1", limits, 401.0, store))
+    assert again.final and again.closes_only and again.batches == []
 
 
 def test_changelog_bytes_per_payload_do_not_grow_with_the_pending_batches() -> None:
@@ -129,7 +131,8 @@ def test_changelog_bytes_per_payload_do_not_grow_with_the_pending_batches() -> N
             state, payload(2, start=2 * n), offset=n, limits=limits, now=0.0, store=store
         )
     assert state.pending_batches == 200 and len(store.batches) == 200
-    assert len(state.to_bytes()) <= first + 16  # a few more digits in the counters
+    # A few more digits in the counters (the ledger's too); its lists are bounded.
+    assert len(state.to_bytes()) <= first + 48
 
 
 def test_a_summary_is_requested_early_when_pending_batches_would_not_fit_a_message() -> None:

@@ -20,7 +20,7 @@ def batch(start: int, n: int, text: str = "did a thing") -> dict[str, Any]:
 
 def test_a_small_carry_is_kept_as_it_is() -> None:
     state = SummaryState(generation=1, summary="Earlier.", carry=[batch(0, 10)], carry_from=11)
-    assert not fold_large_carry(state, max_chars=1500)
+    assert not fold_large_carry(state, max_chars=1500, total=20)
     assert state.carry == [batch(0, 10)] and state.summary == "Earlier."
 
 
@@ -31,12 +31,13 @@ def test_a_carry_past_the_budget_is_folded_into_a_bounded_summary() -> None:
     state = SummaryState(generation=1, summary="The user signed up. " * 100, covered_to=10)
     state.carry_from = 11
     start = 0
-    while not fold_large_carry(state, max_chars=1500):
+    while not fold_large_carry(state, max_chars=1500, total=10 + start):
         state.carry.append(batch(start, 10, "x" * 200))
         start += 10
         assert len(state.to_bytes()) < MESSAGE_MAX_BYTES
     assert state.carry == [] and state.carry_from == 11 and state.pending
     assert state.summary is not None and len(state.summary) <= 1500 + 40
     assert state.summary.startswith("The user signed up.")
-    assert f"{start} actions so far" in state.summary  # the offline summary of the carry
+    # The offline summary of the carry states the session's count, not the carry's.
+    assert f"{10 + start} actions so far" in state.summary
     assert len(state.to_bytes()) < CARRY_MAX_BYTES

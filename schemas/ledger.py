@@ -1,0 +1,192 @@
+"""The session ledger: hard facts about a session, counted from every action, no LLM.
+
+A summary is a model's paraphrase and can drop or garble facts; the ledger
+cannot. The accumulator updates it on every batch (:func:`update_ledger`, O(1)
+per action, bounded bytes), it travels with every summarize request and every
+summary, and every sink shows it beside the summary (:meth:`SessionLedger.render`).
+
+Bounded by construction: ``pages`` keeps at most ``top_pages`` pages (a new
+page takes the place of the least visited one, whose actions move to
+``other_page_actions``, so the page counts always add up to ``actions``; they
+are exact while a session has visited at most ``top_pages`` distinct pages),
+``errors`` and ``key_actions`` keep the latest few with their totals, and every
+text is cut to ``ENTRY_MAX_CHARS``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.actions import SlimAction
+
+__all__ = [
+    "DEFAULT_ERROR_PATTERN",
+    "DEFAULT_KEY_PATTERN",
+    "ENTRY_MAX_CHARS",
+    "LedgerEntry",
+    "LedgerLimits",
+    "SessionLedger",
+    "new_ledger",
+    "update_ledger",
+]
+
+ENTRY_MAX_CHARS = 120
+# Matched against "type: title description". Defaults: form submits, errors,
+# button clicks and the actions support agents ask about (upgrades, exports, ...).
+DEFAULT_KEY_PATTERN = (
+    r"(?i)^(submit|form_submit|error)\b"
+    r"|\b(button|submit(ted)?|error|failed|upgrade|purchase|checkout|cancel(led)?|delete[d]?"
+    r"|export|invite[d]?|connect)\b"
+)
+DEFAULT_ERROR_PATTERN = r"(?i)^error\b|\b(error|failed|exception)\b"
+
+
+@dataclass(frozen=True)
+class LedgerLimits:
+    """How much of a session the ledger keeps (settings ``AC_LEDGER_*``)."""
+
+    top_pages: int = 10
+    key_actions: int = 8
+    errors: int = 5
+    key_pattern: str = DEFAULT_KEY_PATTERN
+    error_pattern: str = DEFAULT_ERROR_PATTERN
+
+    def __post_init__(self) -> None:
+        # Compiled once per Limits (re caches too, but a lookup per action is measurable).
+        object.__setattr__(self, "_key", re.compile(self.key_pattern))
+        object.__setattr__(self, "_error", re.compile(self.error_pattern))
+
+    def is_key(self, text: str) -> bool:
+        return self._key.search(text) is not None  # type: ignore[attr-defined,no-any-return]
+
+    def is_error(self, text: str) -> bool:
+        return self._error.search(text) is not None  # type: ignore[attr-defined,no-any-return]
+
+
+class LedgerEntry(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    text: str
+
+
+class SessionLedger(BaseModel):
+    """The wire and pull-view form (the accumulator keeps the same shape as a dict)."""
+
+    actions: int = 0
+    batches: int = 0
+    first_at: float = 0.0  # the first action's time (its timestamp, else its arrival)
+    last_at: float = 0.0
+    pages: dict[str, int] = Field(default_factory=dict)  # the most visited, with counts
+    other_page_actions: int = 0  # actions on pages not in ``pages``
+    errors: list[LedgerEntry] = Field(default_factory=list)  # the latest
+    errors_total: int = 0
+    key_actions: list[LedgerEntry] = Field(default_factory=list)  # the latest
+    key_actions_total: int = 0
+    first_step: LedgerEntry | None = None
+    last_step: LedgerEntry | None = None
+
+    def render(self) -> str:
+        """The compact block an agent reads after the summary."""
+        noun = "action" if self.actions == 1 else "actions"
+        batches = "batch" if self.batches == 1 else "batches"
+        lines = [
+            "Session facts (counted from every action, not written by the model):",
+            f"- {self.actions} {noun} in {self.batches} {batches}"
+            + _span(self.first_at, self.last_at),
+        ]
+        if self.pages:
+            ranked = sorted(self.pages.items(), key=lambda kv: -kv[1])
+            pages = ", ".join(f"{page} ({count})" for page, count in ranked)
+            other = f"; {self.other_page_actions} on other pages" if self.other_page_actions else ""
+            lines.append(f"- Pages (actions): {pages}{other}")
+        for label, entries, total in (
+            ("Errors", self.errors, self.errors_total),
+            ("Key actions", self.key_actions, self.key_actions_total),
+        ):
+            if total:
+                latest = "; ".join(f"[{e.seq}] {e.text}" for e in entries)
+                shown = f", the latest {len(entries)}" if total > len(entries) else ""
+                lines.append(f"- {label} ({total}{shown}): {latest}")
+        if self.first_step is not None:
+            lines.append(f"- First step: [{self.first_step.seq}] {self.first_step.text}")
+        if self.last_step is not None:
+            lines.append(f"- Last step: [{self.last_step.seq}] {self.last_step.text}")
+        return "\n".join(lines)
+
+
+def _span(first: float, last: float) -> str:
+    if first <= 0 or last <= 0:
+        return ""
+    start = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(first))
+    end = time.strftime("%H:%M:%S", time.gmtime(last))
+    seconds = max(int(last - first), 0)
+    minutes, seconds = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    length = f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+    return f", {start} to {end} UTC ({length})"
+
+
+def new_ledger() -> dict[str, Any]:
+    return SessionLedger().model_dump(mode="json")
+
+
+def _entry(seq: int, action: SlimAction) -> dict[str, Any]:
+    text = f"{action.type or 'action'}: {action.description or action.title}"
+    if len(text) > ENTRY_MAX_CHARS:
+        text = text[: ENTRY_MAX_CHARS - 1] + "…"
+    return {"seq": seq, "text": text}
+
+
+def _push(entries: list[dict[str, Any]], entry: dict[str, Any], keep: int) -> None:
+    entries.append(entry)
+    if len(entries) > keep:
+        del entries[: len(entries) - keep]
+
+
+def update_ledger(
+    ledger: dict[str, Any],
+    actions: list[SlimAction],
+    seq_from: int,
+    limits: LedgerLimits,
+    now: float,
+) -> None:
+    """Count one batch of actions, numbered from ``seq_from``, into ``ledger`` (in place)."""
+    if not actions:
+        return
+    ledger["batches"] += 1
+    pages: dict[str, int] = ledger["pages"]
+    for offset, action in enumerate(actions):
+        seq = seq_from + offset
+        ledger["actions"] += 1
+        started = action.timestamp_start or action.timestamp_end or now
+        ended = action.timestamp_end or action.timestamp_start or now
+        if not ledger["first_at"]:
+            ledger["first_at"] = started
+        ledger["last_at"] = max(ledger["last_at"], ended)
+        page = action.canonical_url or action.raw_url or "(unknown page)"
+        if page in pages:
+            pages[page] += 1
+        else:
+            if len(pages) >= limits.top_pages:
+                # Full: the least visited page (the earliest among ties) makes room, its
+                # actions move to ``other_page_actions`` so the counts still add up.
+                least = min(pages, key=pages.__getitem__)
+                ledger["other_page_actions"] += pages.pop(least)
+            pages[page] = 1
+        entry = _entry(seq, action)
+        if ledger["first_step"] is None:
+            ledger["first_step"] = entry
+        text = f"{action.type}: {action.title} {action.description}"
+        if limits.is_error(text):
+            ledger["errors_total"] += 1
+            _push(ledger["errors"], entry, limits.errors)
+        if limits.is_key(text):
+            ledger["key_actions_total"] += 1
+            _push(ledger["key_actions"], entry, limits.key_actions)
+    ledger["last_step"] = _entry(seq_from + len(actions) - 1, actions[-1])

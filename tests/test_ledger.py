@@ -1,0 +1,132 @@
+"""The session ledger: exact counts from every action, bounded, carried by the accumulator."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import orjson
+
+from agents.session_state import Limits, MemoryBatchStore, apply_payload, close_idle
+from schemas import ActionsPayload, SummarizeRequest
+from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
+from streams.synthetic import interleaved_payloads, plan_sessions
+
+
+def counted_from_input(payloads: list[ActionsPayload], limits: LedgerLimits) -> dict[str, object]:
+    """The facts computed independently of ``update_ledger``, straight from the actions."""
+    actions = [a for p in payloads for a in p.actions]
+    texts = [f"{a.type}: {a.title} {a.description}" for a in actions]
+    return {
+        "actions": len(actions),
+        "batches": sum(1 for p in payloads if p.actions),
+        "pages": Counter(a.canonical_url for a in actions),
+        "errors_total": sum(1 for t in texts if limits.is_error(t)),
+        "key_actions_total": sum(1 for t in texts if limits.is_key(t)),
+        "last_key": max((i + 1 for i, t in enumerate(texts) if limits.is_key(t)), default=None),
+    }
+
+
+def test_the_ledger_counts_equal_those_computed_from_the_input() -> None:
+    limits = Limits(threshold=10, max_actions_per_batch=500)
+    assert limits.ledger is not None
+    payloads = [
+        ActionsPayload.model_validate(p)
+        for p in interleaved_payloads(plan_sessions(30, mean_length=80, seed=5), seed=5)
+    ]
+    by_session: dict[str, list[ActionsPayload]] = {}
+    for p in payloads:
+        by_session.setdefault(p.session_id, []).append(p)
+    for sid, batches in by_session.items():
+        store, state = MemoryBatchStore(), None
+        for offset, p in enumerate(batches):
+            state, _ = apply_payload(state, p, offset, limits, now=1000.0 + offset, store=store)
+        assert state is not None and state.ledger is not None
+        ledger = SessionLedger.model_validate(state.ledger)
+        want = counted_from_input(batches, limits.ledger)
+        assert ledger.actions == want["actions"] == state.next_seq - 1, sid
+        assert ledger.batches == want["batches"], sid
+        assert Counter(ledger.pages) == want["pages"], sid  # 8 pages: under the cap, exact
+        assert ledger.errors_total == want["errors_total"], sid
+        assert ledger.key_actions_total == want["key_actions_total"], sid
+        if want["last_key"] is not None:
+            assert ledger.key_actions[-1].seq == want["last_key"], sid
+        assert ledger.first_step is not None and ledger.first_step.seq == 1
+        assert ledger.last_step is not None and ledger.last_step.seq == ledger.actions
+        first = batches[0].actions[0]
+        assert ledger.first_at == first.timestamp_start
+
+
+def test_the_ledger_stays_bounded_and_its_page_counts_add_up() -> None:
+    limits = LedgerLimits(top_pages=5, key_actions=3, errors=2)
+    ledger = new_ledger()
+    sizes = []
+    for batch in range(1000):  # 10,000 actions over 200 distinct pages
+        actions = ActionsPayload.model_validate(
+            {
+                "session_id": "s",
+                "actions": [
+                    {
+                        "type": "error" if i % 7 == 0 else "click",
+                        "description": f"Clicked button {'x' * 300} {batch}",
+                        "canonical_url": f"/page/{(batch * 10 + i) % 200}",
+                    }
+                    for i in range(10)
+                ],
+            }
+        ).actions
+        update_ledger(ledger, actions, batch * 10 + 1, limits, now=1.0)
+        sizes.append(len(orjson.dumps(ledger)))
+    parsed = SessionLedger.model_validate(ledger)
+    assert parsed.actions == 10_000 and len(parsed.pages) == 5
+    assert sum(parsed.pages.values()) + parsed.other_page_actions == 10_000
+    assert len(parsed.errors) == 2 and len(parsed.key_actions) == 3
+    assert parsed.key_actions_total == 10_000 and parsed.errors_total == 1_000 * 2
+    assert max(sizes) < 2_000 and max(sizes[100:]) - min(sizes[100:]) < 50, "O(1) bytes"
+
+
+def test_every_summarize_request_carries_the_ledger_and_a_close_always_sends_a_final() -> None:
+    limits = Limits(threshold=5, max_actions_per_batch=500)
+    store = MemoryBatchStore()
+    payload = ActionsPayload.model_validate(
+        {"session_id": "s", "actions": [{"type": "click", "description": "d"}] * 5}
+    )
+    state, out = apply_payload(None, payload, 0, limits, now=1.0, store=store)
+    (request,) = [
+        SummarizeRequest.model_validate_json(e.value) for e in out if e.topic != "context"
+    ]
+    assert request.ledger is not None and request.ledger.actions == 5
+    # Idle right after that summary: nothing pending, and still a final request, empty.
+    (final,) = [
+        SummarizeRequest.model_validate_json(e.value)
+        for e in close_idle(state, "s", limits, 9.0, store)
+    ]
+    assert final.final and final.closes_only and (final.seq_from, final.seq_to) == (6, 5)
+    assert final.ledger is not None and final.ledger.actions == 5
+
+
+def test_the_ledger_renders_compactly_in_good_english() -> None:
+    ledger = new_ledger()
+    action = ActionsPayload.model_validate(
+        {
+            "session_id": "s",
+            "actions": [
+                {
+                    "type": "error",
+                    "description": "Saw error 'OAuth failed'",
+                    "canonical_url": "/integrations",
+                    "timestamp_start": 1_700_000_000.0,
+                    "timestamp_end": 1_700_000_090.0,
+                }
+            ],
+        }
+    ).actions
+    update_ledger(ledger, action, 1, LedgerLimits(), now=0.0)
+    assert SessionLedger.model_validate(ledger).render() == (
+        "Session facts (counted from every action, not written by the model):\n"
+        "- 1 action in 1 batch, 2023-11-14 22:13:20 to 22:14:50 UTC (1m30s)\n"
+        "- Pages (actions): /integrations (1)\n"
+        "- Errors (1): [1] error: Saw error 'OAuth failed'\n"
+        "- Key actions (1): [1] error: Saw error 'OAuth failed'\n"
+        "- First step: [1] error: Saw error 'OAuth failed'\n"
+        "- Last step: [1] error: Saw error 'OAuth failed'"
+    )
