@@ -233,9 +233,9 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         # Outside the pacer's clock: the log-end lookup waits on the broker, and on a busy
         # loop that wait put the next scan 9x as far off (a 7 s gap closed after 17 s;
         # tests/test_fidelity.py, the session "gap-long").
-        current = await source.caught_up()
+        readable = await source.caught_up()
         with pacer.scanning():
-            async for sid, raw in session_items(sessions, current):
+            async for sid, raw in session_items(sessions, readable):
                 state = SessionState.from_bytes(raw)
                 if now - state.last_seen >= settings.idle_timeout_s:
                     idle.append(sid)
