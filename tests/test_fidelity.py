@@ -28,7 +28,7 @@ from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.cluster import metric, scrape
 from tests.support.pipeline import Pipeline, settings_from
 from tests.support.waiting import wait_for
-from tests.support.workers import Worker
+from tests.support.workers import FAST_REBALANCE, Worker
 
 pytestmark = pytest.mark.kafka
 
@@ -268,3 +268,100 @@ async def test_every_close_carries_the_whole_session(
         assert "Earlier visit" in views["gap-long"]["text"]
         check_every_summary_states_its_range(pipe)
         assert metric(await scrape(pipeline.url), "ac_summary_chain_breaks_total") == 0
+
+
+async def test_a_session_back_while_its_final_summary_is_in_the_llm(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    """Closed as idle, its final summary held in the LLM, the session comes back: the
+    new visit's batches reach the agent at once, and when the old final lands it
+    replaces the old visit's raw batches (the old code skipped it as stale, and the
+    old visit's history vanished from the files sink)."""
+    async with FakeOpenAIServer(reply=counting_reply) as llm:
+        pipe = Pipeline(llm_env(worker_env, llm), tmp_path, workers)
+        started = [pipe.start_pipeline(), pipe.start_sink("files")]
+        await asyncio.gather(*(w.wait_ready() for w in started))
+        files = started[1]
+        first, second = Session("back", [(0.0, 5)]), Session("back", [(0.0, 3)])
+        llm.hold()
+        await play_all(pipe.env, [first])
+        await wait_for(
+            lambda: [r for r in llm.requests if r.session == "back" and r.completed is None],
+            timeout=60,
+            message="the final summary of the first visit in the LLM",
+        )
+        await play_all(pipe.env, [second])  # the new visit, while the LLM holds the old final
+
+        async def new_visit_shown() -> dict[str, Any] | None:
+            view = await pull_view(files, "back")
+            if view is None or view["previous"] is None or view["actions_applied"] != 3:
+                return None
+            return view
+
+        view = await wait_for(new_visit_shown, timeout=60, message="the new visit's batches")
+        assert view["previous"]["actions_applied"] == 5 and not view["previous"]["closed"]
+        assert len(view["previous"]["actions"]) == 1  # the old raw batch, still un-summarised
+        llm.release()
+        visits = Session("back", [])
+        visits.generations = [first.generations[0], second.generations[0]]
+        views = await wait_closed(files, [visits], timeout=60)
+        view = views["back"]
+        check_visit("back", view["previous"], first.generations[0])
+        check_visit("back", view, second.generations[0])
+        text = context_file(Path(pipe.env["AC_FILES_DIR"]), "back").read_text("utf-8")
+        assert text == view["text"]
+        assert text.index("Summary of actions 1-5 (final") < text.index("Summary of actions 1-3")
+        assert not re.search(r"^\[\d+\] .* — https://", text, re.M), "a raw line outlived its visit"
+
+
+async def test_history_survives_a_restart_onto_a_backlog_and_an_llm_outage(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A pipeline worker killed and restarted onto a backlog, longer after the last
+    summary than twice the idle timeout; an LLM outage whose actions were carried
+    forward. Each session's final summary still states all of it."""
+    env = {**FAST_REBALANCE, "AC_LLM_RETRY_BUDGET_S": "1", "AC_LLM_RETRY_MAX_WAIT_S": "0.2"}
+    async with FakeOpenAIServer(reply=counting_reply) as llm:
+        pipe = Pipeline(llm_env(worker_env, llm, **env), tmp_path, workers)
+        started = [pipe.start_pipeline(), pipe.start_sink("files"), pipe.start_sink(RECORDER)]
+        await asyncio.gather(*(w.wait_ready() for w in started))
+        first_pipeline, files = started[0], started[1]
+        restart = Session("restart", [(0.0, 10)])
+        outage = Session("outage", [(0.0, 10)])
+        await play_all(pipe.env, [restart, outage])
+        for s in (restart, outage):
+            await wait_for(lambda s=s: summarised_to(files, s.sid, 10), timeout=60)
+
+        # The LLM fails: the summary of outage 11-20 gives up and its actions are carried.
+        llm.fail_always("500")
+        more = Session("outage", [(0.0, 10)])
+        await play_all(pipe.env, [more])
+
+        async def gave_up() -> bool:
+            text = await scrape(first_pipeline.url)
+            return metric(text, "ac_summaries_total", outcome="failed") >= 1
+
+        await wait_for(gave_up, timeout=60, message="a summary given up after its retry budget")
+        llm.recover()
+        # Then the pipeline dies; actions wait in the log while no worker runs.
+        first_pipeline.kill()
+        backlog = [Session("outage", [(0.0, 10)]), Session("restart", [(0.0, 5)])]
+        await play_all(pipe.env, backlog)
+        await asyncio.sleep(IDLE_S * 2.5)  # the scenario: down for longer than 2x idle
+        second_pipeline = pipe.start_pipeline()
+        await second_pipeline.wait_ready()
+
+        restart.generations = [restart.generations[0] + backlog[1].generations[0]]
+        outage.generations = [
+            outage.generations[0] + more.generations[0] + backlog[0].generations[0]
+        ]
+        views = await wait_closed(files, [restart, outage], timeout=120)
+        for s in (restart, outage):
+            check_visit(s.sid, views[s.sid], s.generations[0])
+        check_every_summary_states_its_range(pipe)
+        assert metric(await scrape(second_pipeline.url), "ac_summary_chain_breaks_total") == 0
+
+
+async def summarised_to(sink: Worker, sid: str, n: int) -> bool:
+    view = await pull_view(sink, sid)
+    return view is not None and (view["summary_covers"] or [0, 0])[1] >= n
