@@ -1,7 +1,9 @@
 """The demo: a real broker, the pipeline worker, a files sink, and a synthetic SaaS stream.
 
 Runs with no keys and no network: the offline summarizer stands in for the LLM.
-Shows progress while it runs and ends with each session's context.
+Shows progress while it runs and ends with each session's context as the sink
+recorded it, the text an agent reads for a closed session (its final summary
+covers the whole session) and for one still going (a summary, then raw actions).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,11 +164,39 @@ async def run(args: argparse.Namespace) -> None:
             await follow_sink(
                 client, sink.port, sessions, payloads, total_actions, args.idle_timeout
             )
-            contexts = await fetch_contexts(client, sink.port, sessions)
-        show_results(contexts, payloads, run_dir, args.threshold)
+            live = await live_session(client, settings, sink.port, args.threshold)
+            contexts = await fetch_contexts(client, sink.port, [*sessions, live["session_id"]])
+        show_results(contexts, payloads, run_dir, args.threshold, live)
     finally:
         for worker in workers:
             worker.stop()
+
+
+LIVE_SESSION = "ps_live_going"
+
+
+async def live_session(
+    client: httpx.AsyncClient, settings: Settings, port: int, k: int
+) -> dict[str, Any]:
+    """A session still going when the demo ends: K + 3 actions, so the agent reads a
+    summary of the first K and the 3 raw actions after it (the usual state)."""
+    plan = plan_sessions(1, mean_length=k + 3, seed=99, prefix="live")[0]
+    plan = type(plan)(LIVE_SESSION, plan.user_id, plan.email, k + 3)
+    actions = [a for p in interleaved_payloads([plan], seed=99) for a in p["actions"]]
+    first = {"session_id": LIVE_SESSION, "product_id": "prod_demo", "actions": actions[:k]}
+    payloads = [first, {**first, "actions": actions[k:]}]  # a summary, then 3 after it
+    console.print(f"      and one session still going: {LIVE_SESSION}, {plan.length} actions")
+    async with ActionsProducer.from_settings(settings) as producer:
+        for payload in payloads:
+            await producer.add(payload)
+    n = sum(len(p["actions"]) for p in payloads)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        view = (await fetch_contexts(client, port, [LIVE_SESSION]))[LIVE_SESSION]
+        if view and view["actions_applied"] == n and view["summary_covers"]:
+            return {"session_id": LIVE_SESSION, "payloads": payloads}
+        await asyncio.sleep(0.2)
+    raise SystemExit("the live session's summary did not arrive within 2 minutes")
 
 
 async def produce_stream(settings: Settings, payloads: list[dict[str, Any]]) -> None:
@@ -208,10 +239,7 @@ async def follow_sink(
             finished = sum(
                 1
                 for sid, c in contexts.items()
-                if c
-                and not c["actions"]
-                and c["summary_covers"]
-                and c["summary_covers"][1] == per_session[sid]
+                if c and c["closed"] and c["summary_covers"] == [1, per_session[sid]]
             )
             progress.update(applied, completed=done_actions, note=f"{summaries} summaries")
             progress.update(closed, completed=finished, note="")
@@ -221,46 +249,79 @@ async def follow_sink(
     raise SystemExit("the sink did not finish within 10 minutes; see the logs")
 
 
+_STATED = re.compile(r"(\d+) actions? so far")
+
+
 def show_results(
-    contexts: dict[str, Any], payloads: list[dict[str, Any]], run_dir: Path, k: int
+    contexts: dict[str, Any],
+    payloads: list[dict[str, Any]],
+    run_dir: Path,
+    k: int,
+    live: dict[str, Any],
 ) -> None:
     raw_chars: dict[str, int] = {}
     counts: dict[str, int] = {}
-    for p in payloads:
+    for p in [*payloads, *live["payloads"]]:
         sid = str(p["session_id"])
         raw_chars[sid] = raw_chars.get(sid, 0) + len(ActionsPayload.model_validate(p).to_text())
         counts[sid] = counts.get(sid, 0) + len(p["actions"])
     table = Table(
-        title="Per-session context at the destination (files sink)",
-        caption="batches: raw batches after the summary · context: characters an agent reads · "
-        "raw: characters of all the session's actions as raw text · closed: idle, final summary",
+        title="Per-session context at the destination (files sink), as the sink worker recorded it",
+        caption="sums: summaries taken · covers: the range the summary replaced · states: the "
+        "action count the summary itself states · after: raw actions after the summary · "
+        "chars: the characters an agent reads · "
+        "state: closed (idle, final summary applied) or open",
     )
-    for column in ("session", "actions", "summaries", "batches", "context", "raw", "state"):
+    columns = ("session", "actions", "sums", "covers", "states", "after")
+    for column in (*columns, "chars", "state"):
         table.add_column(column, justify="left" if column == "session" else "right", no_wrap=True)
+    whole = 0
     for sid, context in sorted(contexts.items()):
+        stated = _STATED.search(context["summary"] or "")
+        covers = context["summary_covers"]
+        raw_after = sum(b["seq_to"] - b["seq_from"] + 1 for b in context["actions"])
+        complete = bool(covers and stated and int(stated.group(1)) == covers[1])
+        whole += complete and covers[1] + raw_after == counts[sid]
         table.add_row(
             sid,
             str(counts[sid]),
             str(context["summaries"]),
-            str(len(context["actions"])),
+            f"1-{covers[1]}" if covers else "-",
+            (stated.group(1) if stated else "-") + ("" if complete else " (!)"),
+            str(raw_after),
             str(len(context["text"])),
-            str(raw_chars[sid]),
             "closed" if context["closed"] else "open",
         )
     console.print(table)
     total_context = sum(len(c["text"]) for c in contexts.values())
+    closed = sum(1 for c in contexts.values() if c["closed"])
     console.print(
-        f"{len(contexts)} sessions · {sum(counts.values())} actions · "
-        f"{sum(c['summaries'] for c in contexts.values())} summaries · context kept "
-        f"{total_context} chars where the raw actions are {sum(raw_chars.values())} chars "
-        f"({total_context / max(sum(raw_chars.values()), 1):.0%}); every K={k} actions a summary "
-        "replaced the raw batches it covered."
+        f"{len(contexts)} sessions ({closed} closed, {len(contexts) - closed} open) · "
+        f"{sum(counts.values())} actions · "
+        f"{sum(c['summaries'] for c in contexts.values())} summaries · "
+        f"{whole} of {len(contexts)} sessions' contexts account for every action "
+        "(the summary states the count it covers, the raw actions after it are the rest) · "
+        f"context kept {total_context} chars where the raw actions are "
+        f"{sum(raw_chars.values())} chars "
+        f"({total_context / max(sum(raw_chars.values()), 1):.0%})."
     )
-    longest = max(contexts, key=lambda s: counts[s])
+    finished = [s for s in contexts if contexts[s]["closed"]]
+    longest = max(finished, key=lambda s: counts[s])
+    console.print(
+        Panel(
+            contexts[longest]["text"].strip(),
+            title=f"{longest} (closed): its final summary covers all {counts[longest]} actions",
+        )
+    )
+    sid = live["session_id"]
+    console.print(
+        Panel(
+            contexts[sid]["text"].strip(),
+            title=f"{sid} (open): summary of 1-{contexts[sid]['summary_covers'][1]}, "
+            "raw actions after it",
+        )
+    )
     files_dir = run_dir / "context"
-    console.print(
-        Panel(contexts[longest]["text"].strip(), title=f"what an agent reads for {longest}")
-    )
     console.print(f"Context files (one per session): {files_dir}")
     console.print(f"Worker logs: {run_dir}/pipeline.log, {run_dir}/sink-files.log")
     console.print("The broker keeps running for the next run; stop it with: make stop")
