@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -30,7 +29,7 @@ from streams.settings import Settings
 from streams.synthetic import interleaved_payloads, plan_sessions
 from streams.topics import ensure_topics
 from tests.support.kafka_io import delete_topics_at_the_end
-from tests.support.pipeline import expected_summary_ranges, settings_from
+from tests.support.pipeline import expected_summary_ranges, pull_view, settings_from
 from tests.support.waiting import wait_for
 from tests.support.workers import ROOT, Worker, unique_env
 
@@ -131,12 +130,6 @@ async def write_dead_letters(settings: Settings, letters: list[DeadLetter]) -> N
             )
     finally:
         await producer.stop()
-
-
-async def pull_view(sink: Worker, session_id: str) -> dict[str, Any] | None:
-    async with httpx.AsyncClient(timeout=10) as client:
-        response = await client.get(f"{sink.url}/sessions/{session_id}/context")
-    return response.json() if response.status_code == 200 else None
 
 
 async def wait_applied(sink: Worker, want: dict[str, int], timeout: float = 120) -> None:

@@ -17,7 +17,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -26,7 +25,7 @@ from schemas.ledger import LedgerLimits
 from sinks.files import context_file
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.cluster import metric, scrape
-from tests.support.pipeline import Pipeline, settings_from
+from tests.support.pipeline import Pipeline, pull_view, settings_from
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, Worker
 
@@ -127,12 +126,6 @@ async def play_all(env: dict[str, str], sessions: list[Session]) -> None:
         await asyncio.gather(*(s.play(producer, settings.topic("actions")) for s in sessions))
     finally:
         await producer.stop()
-
-
-async def pull_view(sink: Worker, sid: str) -> dict[str, Any] | None:
-    async with httpx.AsyncClient(timeout=10) as client:
-        response = await client.get(f"{sink.url}/sessions/{sid}/context")
-    return response.json() if response.status_code == 200 else None
 
 
 async def applied(sink: Worker, sid: str, n: int) -> bool:

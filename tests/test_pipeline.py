@@ -16,6 +16,7 @@ from sinks.files import context_file
 from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.cluster import metric, scrape
+from tests.support.invariants import summary_text
 from tests.support.pipeline import (
     Pipeline,
     batches_by_session,
@@ -104,15 +105,16 @@ def check_operation_log(pipe: Pipeline, payloads: list[dict[str, Any]], threshol
 
 
 def expected_context(payloads: list[dict[str, Any]], last_summary: dict[str, Any] | None) -> str:
-    """What the files sink must hold: the last summary, then exactly the batches after its range."""
+    """What the files sink must hold: the last summary with its ledger, then exactly the
+    batches after its range, numbered with the session's sequence numbers."""
     parts, seq = [], 0
     if last_summary is not None:
-        parts.append(f"Summary of actions 1-{last_summary['seq_to']}:\n{last_summary['summary']}")
+        parts.append(summary_text(last_summary))
     covered_to = last_summary["seq_to"] if last_summary else 0
     for p in payloads:
+        if seq + len(p["actions"]) > covered_to:
+            parts.append(ActionsPayload.model_validate(p).numbered_text(seq + 1))
         seq += len(p["actions"])
-        if seq > covered_to:
-            parts.append(ActionsPayload.model_validate(p).to_text())
     return "\n\n".join(parts) + "\n"
 
 

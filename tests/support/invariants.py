@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from schemas import ActionsPayload, InvalidMessage, decode
+from schemas.ledger import SessionLedger
+from sinks.context import summary_block
 from sinks.files import context_file
 from tests.support.kafka_io import Record
 
@@ -89,7 +91,7 @@ def expected_from_topic(records: list[Record], threshold: int, max_per_batch: in
         for chunk in _chunks(payload, max_per_batch):
             seq_from = session.total + 1
             seq_to = session.total + len(chunk.actions)
-            session.batches.append(Batch(seq_from, seq_to, chunk.to_text()))
+            session.batches.append(Batch(seq_from, seq_to, chunk.numbered_text(seq_from)))
             session.pending += len(chunk.actions)
             if session.pending >= threshold:
                 session.crossings.append(seq_to)
@@ -256,12 +258,23 @@ def progress(records: list[dict[str, Any]], expected: Expected) -> str:
     return f"{done}/{len(expected.sessions)} sessions fully delivered, {len(records)} records"
 
 
+def summary_text(summary: dict[str, Any]) -> str:
+    """A recorded ``summary_ready`` as the files sink renders it: range, text, ledger."""
+    ledger = summary.get("ledger")
+    return summary_block(
+        summary["summary"],
+        summary["seq_to"],
+        SessionLedger.model_validate(ledger) if ledger else None,
+        bool(summary.get("final")),
+    )
+
+
 def expected_context(session: SessionInput, summary: dict[str, Any] | None) -> str:
     parts = []
     covered = 0
     if summary is not None:
         covered = summary["seq_to"]
-        parts.append(f"Summary of actions 1-{covered}:\n{summary['summary']}")
+        parts.append(summary_text(summary))
     parts.extend(b.text for b in session.batches if b.seq_from > covered)
     return "\n\n".join(parts) + ("\n" if parts else "")
 
@@ -276,7 +289,8 @@ def check_files(files_dir: Path, records: list[dict[str, Any]], expected: Expect
     for r in records:
         if r["op"] == "summary_ready":
             sid = str(r["session_id"])
-            if sid not in last or r["seq_to"] > last[sid]["seq_to"]:
+            # >=: a final after a summary of the same range (an idle close) makes it final.
+            if sid not in last or r["seq_to"] >= last[sid]["seq_to"]:
                 last[sid] = r
     wrong = []
     for sid, session in expected.sessions.items():

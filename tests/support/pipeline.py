@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 from aiokafka import AIOKafkaProducer
 
@@ -44,6 +45,13 @@ async def produce(env: dict[str, str], payloads: list[dict[str, Any]]) -> None:
             await fut
     finally:
         await producer.stop()
+
+
+async def pull_view(sink: Worker, session_id: str) -> dict[str, Any] | None:
+    """A sink worker's pull view of a session (``GET /sessions/{id}/context``), or None."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.get(f"{sink.url}/sessions/{session_id}/context")
+    return response.json() if response.status_code == 200 else None
 
 
 def expected_summary_ranges(payloads: list[dict[str, Any]], threshold: int) -> dict[str, list[int]]:
