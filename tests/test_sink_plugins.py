@@ -43,7 +43,9 @@ def ops(sid: str = "s") -> list[ActionsWritten | SummaryReady]:
             seq_from=1,
             seq_to=2,
             text="two actions",
-            payload=ActionsPayload(session_id=sid),
+            payload=ActionsPayload.model_validate(
+                {"session_id": sid, "actions": [{"index": 0, "type": "click"}, {"index": 1}]}
+            ),
             emitted_at=0.0,
         ),
         SummaryReady(
@@ -80,9 +82,11 @@ async def test_every_plug_in_shape_loads(tmp_path: Path, monkeypatch: pytest.Mon
     sdk = load_sink(SDK_MODULE, settings)
     assert isinstance(sdk, CallbackSink) and sdk.name == SDK_MODULE
     await drive(sdk)
+    # write_actions gets the SDK's own text; overwrite_with_summary the summary with its
+    # range (and the ledger when there is one: docs/context-fidelity.md).
     assert [(r["call"], r["text"]) for r in read_plugin_records(tmp_path, "sdk")] == [
-        ("write_actions", "two actions"),
-        ("overwrite_with_summary", "sum"),
+        ("write_actions", "Session s — 2 actions\n[0] click:  — \n[1] :  — "),
+        ("overwrite_with_summary", "Summary of actions 1-2:\nsum"),
     ]
 
     # A plain synchronous pair.
