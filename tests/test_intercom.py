@@ -156,6 +156,15 @@ def test_settings_name_what_is_missing_and_never_show_the_token(
         IntercomSettings.load()
     assert "AC_INTERCOM_TIMEOUT_S" in str(bad.value) and TOKEN not in str(bad.value)
     monkeypatch.delenv("AC_INTERCOM_TIMEOUT_S")
+    # No scheme: the old code took it, then failed every request (UnsupportedProtocol).
+    monkeypatch.setenv("AC_INTERCOM_API_BASE", "api.intercom.io")
+    with pytest.raises(ConfigurationError) as no_scheme:
+        IntercomSettings.load()
+    assert str(no_scheme.value) == (
+        "invalid setting AC_INTERCOM_API_BASE: 'api.intercom.io' is not an http:// or "
+        "https:// URL with a host"
+    )
+    monkeypatch.delenv("AC_INTERCOM_API_BASE")
     settings = IntercomSettings.load()
     sink = IntercomSink(IntercomAPI(settings))
     assert TOKEN not in repr(settings) + repr(sink) + repr(sink.api._client.auth)

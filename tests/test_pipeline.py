@@ -281,6 +281,17 @@ async def test_llm_outage_loses_nothing_and_the_breaker_recovers(
         ({"AC_PROMPT": "Summarise the session please."}, "must contain {actions}"),
         ({"AC_PROMPT": "Actions: {actions} {0}"}, "does not format"),
         ({"AC_THRESHOLD": "0"}, "AC_THRESHOLD must be >= 1"),
+        # The old code: a 59-line traceback ending in FileNotFoundError.
+        (
+            {"AC_PROMPT_FILE": "/no/such/prompt.txt"},
+            "invalid setting AC_PROMPT_FILE: cannot read '/no/such/prompt.txt': "
+            "No such file or directory",
+        ),
+        (
+            {"AC_LLM_BASE_URL": "llm.example.com/v1"},
+            "invalid setting AC_LLM_BASE_URL: 'llm.example.com/v1' is not an http:// or "
+            "https:// URL with a host",
+        ),
     ],
 )
 def test_bad_configuration_stops_the_worker_at_start(
@@ -297,3 +308,4 @@ def test_bad_configuration_stops_the_worker_at_start(
     )
     assert done.returncode != 0
     assert message in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr + done.stdout  # one line, not a stack
