@@ -55,6 +55,9 @@ class Settings(BaseSettings):
         default="127.0.0.1:9092",
         validation_alias=AliasChoices("AC_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
     )
+    # How long a worker waits at start for the brokers to accept a connection before it
+    # stops with one line naming them (a compose stack may start the broker later).
+    broker_wait_s: float = Field(default=30.0, ge=0)
     topic_prefix: str = ""
     partitions: int = Field(default=8, ge=1)
     store: str = "memory://"  # or rocksdb:// for state larger than memory

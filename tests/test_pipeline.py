@@ -287,6 +287,11 @@ async def test_llm_outage_loses_nothing_and_the_breaker_recovers(
             "invalid setting AC_PROMPT_FILE: cannot read '/no/such/prompt.txt': "
             "No such file or directory",
         ),
+        (  # The old code: a 40-line traceback ending in "Unable to bootstrap from".
+            {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "AC_BROKER_WAIT_S": "1"},
+            "cannot reach the Kafka broker at 127.0.0.1:9 (Connection refused) within 1s: "
+            "is it running, and is KAFKA_BOOTSTRAP_SERVERS its address?",
+        ),
         (
             {"AC_LLM_BASE_URL": "llm.example.com/v1"},
             "invalid setting AC_LLM_BASE_URL: 'llm.example.com/v1' is not an http:// or "
