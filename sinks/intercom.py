@@ -51,6 +51,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import SummaryReady
+from schemas.text import one_line, printable
 from sinks.base import Operation, PermanentSinkError
 from sinks.context import SessionContext, summary_block
 from sinks.http_retry import (
@@ -149,12 +150,12 @@ def note_body(
     stamp = datetime.fromtimestamp(when, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     marker = f"[ac:{session_ref(session_id)}:g{generation}]"
     header = [
-        f"session_id: {session_id}",
+        f"session_id: {one_line(session_id)}",
         f"timestamp: {stamp}",
         f"context: {_LABELS[kind]} {seq_from}-{seq_to} {marker}",
     ]
     parts = ["<p>" + "<br>".join(html.escape(line) for line in header) + "</p>"]
-    for paragraph in re.split(r"\n[ \t]*\n", text.strip()):
+    for paragraph in re.split(r"\n[ \t]*\n", printable(text).strip()):
         if paragraph.strip():
             lines = [html.escape(line) for line in paragraph.strip("\n").split("\n")]
             parts.append("<p>" + "<br>".join(lines) + "</p>")
