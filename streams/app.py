@@ -260,6 +260,7 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         # MESSAGE_MAX_BYTES where messages are built (agents/accumulate.py).
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         broker_commit_interval=1.0,
+        broker_session_timeout=settings.broker_session_timeout_s,
         table_standby_replicas=0,
         web_host=settings.web_host,
         web_port=settings.web_port,

@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     # How long a worker waits at start for the brokers to accept a connection before it
     # stops with one line naming them (a compose stack may start the broker later).
     broker_wait_s: float = Field(default=30.0, ge=0)
+    # A killed worker's partitions wait this long before a rebalance gives them to
+    # another (Faust's default, 60 s, left them idle a minute; heartbeats go every 3 s,
+    # so 10 s tolerates two lost ones). Faust's own BROKER_SESSION_TIMEOUT, if set, wins.
+    broker_session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     topic_prefix: str = ""
     partitions: int = Field(default=8, ge=1)
     store: str = "memory://"  # or rocksdb:// for state larger than memory
