@@ -182,7 +182,15 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
             if already_applied(state, message.offset):
                 metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
                 continue
-            state, out = apply_payload(state, payload, message.offset, limits, now, store=store)
+            state, out = apply_payload(
+                state,
+                payload,
+                message.offset,
+                limits,
+                now,
+                store=store,
+                ingested_at=message.timestamp,
+            )
             raw = state.to_bytes()
             if too_large := _oversized(raw, out):
                 # Fix (found by tests/test_reliability.py): a payload whose operation or

@@ -11,7 +11,7 @@ from functools import partial
 from agents import accumulate, summarize
 from agents.ingest_http import ingest_app_from_settings, optional_ingest_settings
 from agents.summarizers import build_summarizer
-from streams.app import create_app
+from streams.app import create_app, require_broker
 from streams.lag import register_lag
 from streams.settings import load_settings
 from streams.topics import declare_topics
@@ -19,6 +19,7 @@ from streams.web import add_operational_pages
 
 settings = load_settings()
 summarizer = build_summarizer(settings)  # validates prompt and plug-ins before consuming
+require_broker(settings)
 app = create_app(settings, role="pipeline")
 topics = declare_topics(app, settings)
 sessions = accumulate.register(app, topics)

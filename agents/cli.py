@@ -101,7 +101,7 @@ Bootstrap = Annotated[
     typer.Option(
         "--bootstrap",
         "-b",
-        help="Kafka bootstrap servers (default: AC_KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092).",
+        help="Kafka bootstrap servers (default: KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092).",
         show_default=False,
     ),
 ]

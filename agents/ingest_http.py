@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from prometheus_client import Counter
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
@@ -34,7 +34,7 @@ from streams.producer import (
     RawActionsSink,
     dead_letter_writer,
 )
-from streams.settings import ConfigurationError, Settings, load_settings
+from streams.settings import ConfigurationError, Settings, from_environment, load_settings
 from streams.topics import ensure_topics
 
 __all__ = ["SIGNATURE_HEADER", "IngestSettings", "create_ingest_app", "sign"]
@@ -220,10 +220,7 @@ def create_ingest_app(
 
 
 def _load_ingest_settings() -> IngestSettings:
-    try:
-        ingest = IngestSettings()
-    except ValidationError as exc:
-        raise ConfigurationError(f"invalid AC_INGEST_* settings:\n{exc}") from None
+    ingest = from_environment(IngestSettings, "AC_INGEST_")
     if ingest.secret is None and not ingest.allow_unsigned:
         raise ConfigurationError(
             "AC_INGEST_SECRET is not set; set it, or AC_INGEST_ALLOW_UNSIGNED=true to accept "

@@ -13,6 +13,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from email.utils import parsedate_to_datetime
 from typing import Final, cast
 
@@ -24,10 +25,15 @@ __all__ = [
     "LLMCallable",
     "LLMError",
     "OpenAIChat",
+    "llm_session",
     "load_llm_callable",
     "openai_llm",
     "parse_retry_after",
 ]
+
+# The session a summarize call is for, so LLM failures can be logged with it
+# (set by agents/summarize.py around each call; "-" outside one).
+llm_session: ContextVar[str] = ContextVar("llm_session", default="-")
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 
 from schemas import ActionsPayload
+from schemas.text import printable
 
 __all__ = [
     "DEFAULT_PROMPT",
@@ -102,8 +103,9 @@ def build_prompt(
 
 
 def cap_summary(summary: str, max_chars: int) -> str:
-    """Bound the summary whatever the model returns: cut at a word boundary."""
-    summary = summary.strip()
+    """Bound the summary whatever the model returns: cut at a word boundary, with control
+    and bidi characters escaped (a model may echo them from the actions)."""
+    summary = printable(summary.strip())
     if len(summary) <= max_chars:
         return summary
     cut = summary[: max_chars - 1]

@@ -27,7 +27,7 @@ from purgatory.domain.model import OpenedState
 from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception
 from tenacity.wait import wait_random_exponential
 
-from agents.llm import LLMCallable, LLMError
+from agents.llm import LLMCallable, LLMError, llm_session
 from streams.metrics import (
     BREAKER_STATE,
     BREAKER_TRANSITIONS,
@@ -48,6 +48,38 @@ _CIRCUIT: Final = "llm"
 # Extra time a ResilientLLM built from settings gives an attempt beyond the HTTP
 # client's own timeout, so the client's clearer timeout error normally wins.
 _ATTEMPT_TIMEOUT_GRACE_S: Final = 5.0
+FAILURE_LOG_EVERY_S: Final = 10.0
+
+
+class FailureLog:
+    """A WARNING for each failed LLM call, naming the session, the attempt and the reason;
+    but at most one line per ``every_s`` for each kind of failure, which says how many
+    it stands for: an outage's retry storm stays a line every few seconds, not thousands
+    (tests/test_llm.py::test_each_llm_failure_is_logged_once_and_storms_are_summarised).
+    """
+
+    def __init__(self, every_s: float = FAILURE_LOG_EVERY_S) -> None:
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def failed(self, attempt: int, failure: LLMError) -> None:
+        now, kind = time.monotonic(), failure.kind
+        if now - self._last.get(kind, -self.every_s) < self.every_s:
+            self._held[kind] = self._held.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        held = self._held.pop(kind, 0)
+        log.warning(
+            "LLM call for session %s failed (attempt %d, %s): %s%s",
+            llm_session.get(),
+            attempt,
+            kind,
+            failure,
+            f" [{held} more {kind} failures in the {self.every_s:g}s before this one]"
+            if held
+            else "",
+        )
 
 
 class LLMUnavailable(LLMError):
@@ -119,6 +151,7 @@ class ResilientLLM:
         if min(reset_timeout_s, retry_budget_s, max_wait_s, attempt_timeout_s, base_wait_s) <= 0:
             raise ValueError("timeouts, waits and budgets must be > 0")
         self._llm = llm
+        self.failures = FailureLog()
         self.concurrency = concurrency
         self._semaphore = asyncio.Semaphore(concurrency)
         self.failure_threshold = failure_threshold
@@ -194,7 +227,13 @@ class ResilientLLM:
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             elapsed = time.monotonic() - call.started
-            log.warning("LLM gave up after %d attempts in %.1fs: %s", call.attempts, elapsed, cause)
+            log.warning(
+                "LLM gave up on session %s after %d attempts in %.1fs: %s",
+                llm_session.get(),
+                call.attempts,
+                elapsed,
+                cause,
+            )
             raise LLMUnavailable(
                 f"LLM unavailable after {call.attempts} attempts in {elapsed:.1f}s: {cause}",
                 last_cause=cause,
@@ -264,7 +303,7 @@ class ResilientLLM:
             failure = self._as_llm_error(exc, timeout_s)
             call.last_error = failure
             LLM_FAILURES.labels(failure.kind).inc()
-            log.info("LLM attempt %d failed (%s): %s", call.attempts, failure.kind, failure)
+            self.failures.failed(call.attempts, failure)
             # A timeout we shortened to fit the budget says little about the
             # endpoint, so the breaker is not told (leaving it untouched is neutral).
             cut_short = isinstance(exc, TimeoutError) and timeout_s < self.attempt_timeout_s

@@ -70,6 +70,9 @@ class SessionState:
     debounce_first: float = 0.0
     debounce_last: float = 0.0
     last_seen: float = 0.0
+    # When the newest applied input record was written to Kafka (its timestamp): the
+    # sinks measure an action's age from it, a clock this service controls.
+    ingested_at: float = 0.0
     # The session's facts (schemas.ledger), updated on every batch; None: turned off.
     ledger: dict[str, Any] | None = None
 
@@ -154,6 +157,7 @@ def _write_batch(
                         "text": chunk.numbered_text(seq_from),
                         "payload": orjson.Fragment(body),
                         "emitted_at": now,
+                        "ingested_at": state.ingested_at,
                     }
                 ),
             )
@@ -220,6 +224,7 @@ def apply_payload(
     now: float | None = None,
     *,
     store: BatchStore,
+    ingested_at: float | None = None,
 ) -> tuple[SessionState, list[Emission]]:
     """Apply one consumed payload. Returns the new state and what to emit.
 
@@ -235,6 +240,7 @@ def apply_payload(
         )
     state.last_offset = offset
     state.last_seen = now
+    state.ingested_at = ingested_at or now
     if payload.product_id:
         state.product_id = payload.product_id
     if not payload.actions:

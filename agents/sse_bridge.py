@@ -32,7 +32,7 @@ import httpx
 import orjson
 from httpx_sse import ServerSentEvent, SSEError, aconnect_sse
 from prometheus_client import Counter
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
@@ -44,7 +44,7 @@ from streams.producer import (
     RawActionsSink,
     dead_letter_writer,
 )
-from streams.settings import ConfigurationError, load_settings
+from streams.settings import HttpURL, from_environment, load_settings
 
 __all__ = ["BridgeSettings", "SSEBridge", "SSEBridgeFatal"]
 
@@ -63,7 +63,7 @@ class SSEBridgeFatal(RuntimeError):
 class BridgeSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AC_SSE_", extra="ignore")
 
-    url: str
+    url: HttpURL
     token: SecretStr | None = None
     read_timeout_s: float = Field(default=60.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -302,10 +302,7 @@ async def _serve(settings: BridgeSettings) -> None:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    try:
-        settings = BridgeSettings()  # type: ignore[call-arg]  # url comes from the env
-    except ValidationError as exc:
-        raise ConfigurationError(f"invalid AC_SSE_* settings:\n{exc}") from None
+    settings = from_environment(BridgeSettings, "AC_SSE_")
     asyncio.run(_serve(settings))
 
 

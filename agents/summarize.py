@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from faust.types import Message, TableT
 
-from agents.llm import LLMError
+from agents.llm import LLMError, llm_session
 from agents.offline import offline_summary
 from agents.prompting import cap_summary
 from agents.summarizers import Summarizer
@@ -221,6 +221,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         if not payloads:  # a close right after a summary: that summary becomes the final
             return state.summary
         lanes.mark(request.session_id, "summarizing (LLM)")
+        llm_session.set(request.session_id)  # for the LLM's failure log lines
         try:
             return await summarizer.summarize(state.summary, payloads, total=request.seq_to)
         except LLMError as exc:

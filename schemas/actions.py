@@ -18,6 +18,8 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.text import one_line
+
 __all__ = ["ActionsPayload", "SlimAction"]
 
 _TEXT_FIELDS = ("title", "description", "canonical_url", "type", "raw_url")
@@ -142,9 +144,9 @@ class ActionsPayload(BaseModel):
         not the SDK's per-batch ``index``."""
         n = len(self.actions)
         span = f"action {seq_from}" if n == 1 else f"actions {seq_from}-{seq_from + n - 1}"
-        lines = [f"Session {self.session_id} — {span}"]
+        lines = [f"Session {one_line(self.session_id)} — {span}"]
         lines.extend(
-            f"[{seq_from + i}] {a.type}: {a.description} — {a.canonical_url}"
+            one_line(f"[{seq_from + i}] {a.type}: {a.description} — {a.canonical_url}")
             for i, a in enumerate(self.actions)
         )
         return "\n".join(lines)

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.actions import SlimAction
+from schemas.text import one_line
 
 __all__ = [
     "DEFAULT_ERROR_PATTERN",
@@ -137,7 +138,7 @@ def new_ledger() -> dict[str, Any]:
 
 
 def _entry(seq: int, action: SlimAction) -> dict[str, Any]:
-    text = f"{action.type or 'action'}: {action.description or action.title}"
+    text = one_line(f"{action.type or 'action'}: {action.description or action.title}")
     if len(text) > ENTRY_MAX_CHARS:
         text = text[: ENTRY_MAX_CHARS - 1] + "…"
     return {"seq": seq, "text": text}
@@ -169,7 +170,7 @@ def update_ledger(
         if not ledger["first_at"]:
             ledger["first_at"] = started
         ledger["last_at"] = max(ledger["last_at"], ended)
-        page = action.canonical_url or action.raw_url or "(unknown page)"
+        page = one_line(action.canonical_url or action.raw_url or "(unknown page)")
         if page in pages:
             pages[page] += 1
         else:

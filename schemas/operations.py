@@ -95,6 +95,7 @@ class ActionsWritten(SeqRange):
     text: str
     payload: ActionsPayload
     emitted_at: float
+    ingested_at: float = 0.0  # the input record's Kafka timestamp (0: not known)
 
 
 class SummaryReady(SeqRange):

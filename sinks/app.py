@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sinks import runner
 from sinks.registry import load_sink
-from streams.app import create_app
+from streams.app import create_app, require_broker
 from streams.lag import register_lag
 from streams.settings import load_settings
 from streams.topics import declare_topics
@@ -16,6 +16,7 @@ from streams.web import add_operational_pages
 
 settings = load_settings()
 sink = load_sink(settings.sink, settings)
+require_broker(settings)
 app = create_app(settings, role=f"sink-{sink.name}")
 topics = declare_topics(app, settings)
 contexts = runner.register(app, topics, sink)

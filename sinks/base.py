@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from schemas import ActionsWritten, SummaryReady
+from schemas.text import printable
 from sinks.context import SessionContext
 
 __all__ = ["CallbackSink", "ContextSink", "LinkAwareSink", "PermanentSinkError"]
@@ -71,7 +72,7 @@ class CallbackSink:
         if isinstance(op, ActionsWritten):
             if self._write_actions is not None:
                 # The SDK's own text (its ``index`` numbering), as the SDK would write it.
-                await _call(self._write_actions, op.session_id, op.payload.to_text())
+                await _call(self._write_actions, op.session_id, printable(op.payload.to_text()))
         elif op.generation == context.generation:
             # The summary, its range and the session's facts (the ledger), after the
             # earlier visit's when the session came back: everything before the raw tail.

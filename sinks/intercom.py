@@ -47,10 +47,11 @@ from datetime import UTC, datetime
 from typing import Any, Literal, NoReturn
 
 import httpx
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import SummaryReady
+from schemas.text import one_line, printable
 from sinks.base import Operation, PermanentSinkError
 from sinks.context import SessionContext, summary_block
 from sinks.http_retry import (
@@ -61,7 +62,7 @@ from sinks.http_retry import (
     scrub,
     send,
 )
-from streams.settings import ConfigurationError, Settings
+from streams.settings import HttpURL, Settings, from_environment
 
 __all__ = [
     "IntercomAPI",
@@ -98,7 +99,7 @@ class IntercomSettings(BaseSettings):
 
     token: SecretStr
     admin_id: str = Field(min_length=1)
-    api_base: str = "https://api.intercom.io"
+    api_base: HttpURL = "https://api.intercom.io"
     version: str = "2.11"
     timeout_s: float = Field(default=10.0, gt=0)
     max_concurrency: int = Field(default=8, ge=1)
@@ -114,19 +115,7 @@ class IntercomSettings(BaseSettings):
 
     @classmethod
     def load(cls) -> IntercomSettings:
-        try:
-            return cls()  # type: ignore[call-arg]  # from the environment
-        except ValidationError as exc:
-            lines = ["invalid Intercom sink settings:"]
-            for item in exc.errors(include_url=False, include_input=False):
-                name = "AC_INTERCOM_" + "_".join(str(p) for p in item["loc"]).upper()
-                message = (
-                    "required (set it in the environment)"
-                    if item["type"] == "missing"
-                    else item["msg"]
-                )
-                lines.append(f"  {name}: {message}")
-            raise ConfigurationError("\n".join(lines)) from None
+        return from_environment(cls, "AC_INTERCOM_")
 
 
 # --------------------------------------------------------------------------- note bodies
@@ -161,12 +150,12 @@ def note_body(
     stamp = datetime.fromtimestamp(when, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     marker = f"[ac:{session_ref(session_id)}:g{generation}]"
     header = [
-        f"session_id: {session_id}",
+        f"session_id: {one_line(session_id)}",
         f"timestamp: {stamp}",
         f"context: {_LABELS[kind]} {seq_from}-{seq_to} {marker}",
     ]
     parts = ["<p>" + "<br>".join(html.escape(line) for line in header) + "</p>"]
-    for paragraph in re.split(r"\n[ \t]*\n", text.strip()):
+    for paragraph in re.split(r"\n[ \t]*\n", printable(text).strip()):
         if paragraph.strip():
             lines = [html.escape(line) for line in paragraph.strip("\n").split("\n")]
             parts.append("<p>" + "<br>".join(lines) + "</p>")

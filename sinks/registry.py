@@ -9,8 +9,8 @@ no-argument constructor), a factory ``(settings) -> sink``, an object with
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import pkgutil
 import re
 from importlib.metadata import entry_points
 from typing import Any
@@ -31,15 +31,8 @@ BUILTIN = {
 
 
 def _import_target(target: str) -> Any:
-    module_name, sep, attr = target.partition(":")
     try:
-        if sep:
-            return getattr(importlib.import_module(module_name), attr)
-        try:
-            return importlib.import_module(target)  # a module with the two callables
-        except ImportError:
-            module_name, _, attr = target.rpartition(".")
-            return getattr(importlib.import_module(module_name), attr)
+        return pkgutil.resolve_name(target)  # "pkg.mod:attr", "pkg.mod.attr" or a module
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigurationError(f"AC_SINK={target!r} cannot be imported: {exc}") from None
 
@@ -47,9 +40,15 @@ def _import_target(target: str) -> Any:
 def _resolve(spec: str) -> Any:
     if spec in BUILTIN:
         return _import_target(BUILTIN[spec])
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == spec:
-            return ep.load()
+    plugged = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if spec in plugged:
+        return plugged[spec].load()
+    if "." not in spec and ":" not in spec:  # a name, not a path: say which names exist
+        names = ", ".join(sorted(BUILTIN.keys() | plugged.keys()))
+        raise ConfigurationError(
+            f"AC_SINK={spec!r} is not a sink name; use one of {names}, "
+            "or a dotted path such as mypkg.sinks:MySink"
+        )
     return _import_target(spec)
 
 

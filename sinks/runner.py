@@ -98,6 +98,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
     # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).
     end_to_end = metrics.END_TO_END.labels(sink.name)
     action_age = metrics.ACTION_AGE_AT_SINK.labels(sink.name)
+    event_age = metrics.ACTION_EVENT_AGE_AT_SINK.labels(sink.name)
     operations_counted: dict[tuple[str, str], Any] = {}
 
     def count_operation(op: str, outcome: str) -> None:
@@ -158,10 +159,13 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
         written = store.save(before, context)
         count_operation(op.op, outcome)
         end_to_end.observe(max(time.time() - op.emitted_at, 0.0))
-        if outcome == "applied" and isinstance(op, ActionsWritten) and op.payload.actions:
-            acted_at = max(a.timestamp_end for a in op.payload.actions)
+        if outcome == "applied" and isinstance(op, ActionsWritten):
+            applied_at = time.time()
+            if op.ingested_at > 0:
+                action_age.observe(max(applied_at - op.ingested_at, 0.0))
+            acted_at = max((a.timestamp_end for a in op.payload.actions), default=0.0)
             if acted_at > 0:  # 0: the client sent no timestamp
-                action_age.observe(max(time.time() - acted_at, 0.0))
+                event_age.observe(max(applied_at - acted_at, 0.0))
         return written
 
     async def apply_link(session_id: str, message: Message, link: SessionLink) -> changelog.Written:

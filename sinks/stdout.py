@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from schemas import ActionsWritten
+from schemas.text import one_line
 from sinks.base import Operation
 from sinks.context import SessionContext
 from streams.settings import Settings
@@ -21,8 +22,8 @@ class StdoutSink:
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         if isinstance(op, ActionsWritten):
-            line = f"[{op.session_id}] actions {op.seq_from}-{op.seq_to}\n{op.text}\n"
+            line = f"[{one_line(op.session_id)}] actions {op.seq_from}-{op.seq_to}\n{op.text}\n"
         else:
-            line = f"[{op.session_id}] summary of 1-{op.seq_to}: {op.summary}\n"
+            line = f"[{one_line(op.session_id)}] summary of 1-{op.seq_to}: {op.summary}\n"
         sys.stdout.write(line)
         sys.stdout.flush()

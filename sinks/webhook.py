@@ -27,13 +27,13 @@ from typing import Any
 
 import httpx
 import orjson
-from pydantic import AnyHttpUrl, Field, SecretStr, ValidationError, field_validator
+from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sinks.base import Operation, PermanentSinkError
 from sinks.context import SessionContext
 from sinks.http_retry import RateLimitGate, describe, quiet_httpx_logging, scrub, send
-from streams.settings import ConfigurationError, Settings
+from streams.settings import Settings, from_environment
 
 __all__ = ["WebhookSettings", "WebhookSink", "idempotency_key", "sign"]
 
@@ -64,15 +64,7 @@ class WebhookSettings(BaseSettings):
 
     @classmethod
     def load(cls) -> WebhookSettings:
-        try:
-            return cls()  # type: ignore[call-arg]  # from the environment
-        except ValidationError as exc:
-            lines = ["invalid webhook sink settings:"]
-            for item in exc.errors(include_url=False, include_input=False):
-                name = "AC_WEBHOOK_" + "_".join(str(p) for p in item["loc"]).upper()
-                missing = item["type"] == "missing"
-                lines.append(f"  {name}: {'required' if missing else item['msg']}")
-            raise ConfigurationError("\n".join(lines)) from None
+        return from_environment(cls, "AC_WEBHOOK_")
 
 
 def idempotency_key(op: Operation) -> str:

@@ -12,6 +12,8 @@ import functools
 import gc
 import logging
 import os
+import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
@@ -26,7 +28,7 @@ from streams import faust_patches, metrics, stalls
 from streams.appender import Appender
 from streams.lanes import Lanes
 from streams.main_loop_consumer import MainLoopConsumer
-from streams.settings import Settings
+from streams.settings import ConfigurationError, Settings
 from streams.topics import DEAD_LETTER_MAX_BYTES, ensure_topics
 
 __all__ = ["ContextApp", "create_app"]
@@ -214,6 +216,29 @@ def _calm_the_garbage_collector() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
+def require_broker(settings: Settings) -> None:
+    """Wait up to ``AC_BROKER_WAIT_S`` for a bootstrap server to accept a connection, else
+    stop with one line naming them (Faust's own failure is a 40-line traceback)."""
+    servers = [s.strip() for s in settings.kafka_bootstrap_servers.split(",") if s.strip()]
+    deadline = time.monotonic() + settings.broker_wait_s
+    reason: object = "no server named"
+    while True:
+        for server in servers:
+            host, _, port = server.rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+                return
+            except (OSError, ValueError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        if time.monotonic() >= deadline:
+            raise ConfigurationError(
+                f"cannot reach the Kafka broker at {','.join(servers)} ({reason}) within "
+                f"{settings.broker_wait_s:g}s: is it running, and is KAFKA_BOOTSTRAP_SERVERS "
+                "its address?"
+            )
+        time.sleep(0.5)  # start-up, before any event loop: nothing else to do meanwhile
+
+
 def create_app(settings: Settings, role: str) -> ContextApp:
     """``role`` is ``pipeline`` or ``sink-<name>``; it names the consumer group."""
     app_id = settings.app_id if role == "pipeline" else f"{settings.app_id}-{role}"
@@ -235,6 +260,7 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         # MESSAGE_MAX_BYTES where messages are built (agents/accumulate.py).
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         broker_commit_interval=1.0,
+        broker_session_timeout=settings.broker_session_timeout_s,
         table_standby_replicas=0,
         web_host=settings.web_host,
         web_port=settings.web_port,

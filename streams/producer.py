@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode, encode
 from streams.settings import Settings
-from streams.topics import ACTIONS, DEAD_LETTERS
+from streams.topics import ACTIONS, DEAD_LETTERS, MESSAGE_MAX_BYTES
 
 __all__ = [
     "ActionsProducer",
@@ -147,6 +147,11 @@ class ActionsProducer:
             raw = orjson.dumps(_as_dict(payload))
         except orjson.JSONEncodeError as exc:
             raise InvalidMessage(f"not JSON-serialisable: {exc}") from None
+        if len(raw) > MESSAGE_MAX_BYTES:  # the broker's refusal would not say the sizes
+            raise InvalidMessage(
+                f"payload too large: {len(raw)} bytes, over the {MESSAGE_MAX_BYTES}-byte "
+                "message limit; send its actions in smaller batches"
+            )
         model = decode(ActionsPayload, raw)  # raises InvalidMessage with a readable reason
         return await self.add_raw(model.session_id, raw)
 

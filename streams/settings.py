@@ -9,13 +9,37 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated, TypeVar
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.ledger import DEFAULT_ERROR_PATTERN, DEFAULT_KEY_PATTERN, LedgerLimits
 
-__all__ = ["ConfigurationError", "Settings", "load_settings"]
+__all__ = ["ConfigurationError", "HttpURL", "Settings", "from_environment", "load_settings"]
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def _http_url(value: str) -> str:
+    """An http(s) URL with a host, kept as written (without a trailing slash): checked at
+    start-up, or a typo fails every request later and is retried for ever."""
+    parsed = urlsplit(value.strip())
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"{value!r} is not an http:// or https:// URL with a host")
+    return value.strip().rstrip("/")
+
+
+HttpURL = Annotated[str, AfterValidator(_http_url)]
 
 
 class ConfigurationError(SystemExit):
@@ -31,6 +55,13 @@ class Settings(BaseSettings):
         default="127.0.0.1:9092",
         validation_alias=AliasChoices("AC_KAFKA_BOOTSTRAP_SERVERS", "KAFKA_BOOTSTRAP_SERVERS"),
     )
+    # How long a worker waits at start for the brokers to accept a connection before it
+    # stops with one line naming them (a compose stack may start the broker later).
+    broker_wait_s: float = Field(default=30.0, ge=0)
+    # A killed worker's partitions wait this long before a rebalance gives them to
+    # another (Faust's default, 60 s, left them idle a minute; heartbeats go every 3 s,
+    # so 10 s tolerates two lost ones). Faust's own BROKER_SESSION_TIMEOUT, if set, wins.
+    broker_session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     topic_prefix: str = ""
     partitions: int = Field(default=8, ge=1)
     store: str = "memory://"  # or rocksdb:// for state larger than memory
@@ -70,7 +101,7 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("AC_LLM_API_KEY", "OPENAI_API_KEY")
     )
-    llm_base_url: str | None = None
+    llm_base_url: HttpURL | None = None
     llm_model: str = "gpt-4o-mini"
     llm_timeout_s: float = Field(default=30.0, gt=0)
     llm_max_tokens: int = Field(default=256, ge=1)
@@ -103,6 +134,19 @@ class Settings(BaseSettings):
     def _threshold_at_least_one(cls, value: int) -> int:
         if value < 1:
             raise ValueError(f"AC_THRESHOLD must be >= 1 (actions per summary), got {value}")
+        return value
+
+    @field_validator("prompt_file")
+    @classmethod
+    def _a_readable_file(cls, value: Path | None) -> Path | None:
+        # Read at start-up, not at the first summary: a typo stops the worker with
+        # this line instead of a traceback (tests/test_pipeline.py, bad configuration).
+        if value is not None:
+            try:
+                value.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise ValueError(f"cannot read {str(value)!r}: {reason}") from None
         return value
 
     @field_validator("ledger_key_pattern", "ledger_error_pattern")
@@ -138,18 +182,24 @@ class Settings(BaseSettings):
         return self.prompt
 
 
-def _readable(error: ValidationError) -> str:
-    lines = ["invalid settings:"]
-    for item in error.errors(include_url=False, include_input=False):
-        name = "AC_" + "_".join(str(p) for p in item["loc"]).upper()
-        lines.append(f"  {name}: {item['msg']}")
-    return "\n".join(lines)
+def from_environment(cls: type[S], prefix: str = "AC_") -> S:
+    """Read ``cls`` from the environment, or stop with one line per bad value, naming
+    the variable: ``invalid setting AC_THRESHOLD: must be >= 1 ...``. The one place
+    settings errors are worded (tests/test_cli.py checks the line)."""
+    try:
+        return cls()
+    except ValidationError as exc:
+        problems = []
+        for item in exc.errors(include_url=False, include_input=False):
+            field_name = "_".join(str(p) for p in item["loc"]).upper()
+            name = field_name if field_name.startswith(prefix) else prefix + field_name
+            missing = item["type"] == "missing"
+            reason = "required (set it in the environment)" if missing else item["msg"]
+            problems.append(f"invalid setting {name}: {reason.removeprefix('Value error, ')}")
+        raise ConfigurationError("\n".join(problems)) from None
 
 
 @lru_cache(maxsize=1)
 def load_settings() -> Settings:
     """Read settings from the environment once; exit with a clear message if invalid."""
-    try:
-        return Settings()
-    except ValidationError as exc:
-        raise ConfigurationError(_readable(exc)) from None
+    return from_environment(Settings)

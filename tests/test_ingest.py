@@ -26,7 +26,7 @@ from autoplay_sdk import AsyncConnectorClient
 
 from agents.ingest_http import SIGNATURE_HEADER, create_ingest_app, sign
 from agents.sse_bridge import SSEBridge, SSEBridgeFatal
-from schemas import ActionsPayload, DeadLetter, decode
+from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
 from streams.producer import ActionsProducer, ProduceError
 from streams.settings import Settings
 from streams.topics import ensure_topics
@@ -342,8 +342,6 @@ async def test_producer_add_accepts_sdk_model_and_dict_and_rejects_invalid(
 ) -> None:
     from autoplay_sdk import ActionsPayload as SdkActionsPayload
 
-    from schemas import InvalidMessage
-
     event = actions_event("sess-x")
     await producer.add(SdkActionsPayload.from_dict(event))
     await producer.add(ActionsPayload.model_validate(event))
@@ -449,6 +447,19 @@ async def test_ingest_dead_letters_malformed_and_invalid_payloads(
             -1,
         )
     assert await topic_size(settings, "actions") == 0
+
+
+async def test_an_oversized_payload_is_refused_with_its_size_and_the_limit() -> None:
+    """The old code sent it and reported the broker's refusal as a bare exception name."""
+    producer = ActionsProducer(
+        f"127.0.0.1:{closed_port()}", actions_topic="a", dead_letters_topic="d"
+    )
+    huge = {"session_id": "s", "actions": [{"description": "x" * 1_100_000}]}
+    with pytest.raises(InvalidMessage) as refused:
+        await producer.add(huge)
+    assert refused.value.reason.startswith("payload too large: 1100")
+    assert "over the 1000000-byte message limit" in refused.value.reason
+    assert not producer.connected  # refused before any connection: nothing was produced
 
 
 async def test_ingest_answers_503_when_kafka_is_unreachable(settings: Settings) -> None:

@@ -137,6 +137,10 @@ def test_note_body_is_escaped_html_with_a_parseable_marker() -> None:
     assert (marker.kind, marker.seq_from, marker.seq_to, marker.generation) == ("actions", 3, 5, 7)
     assert marker.ref == session_ref("s<1>")
     assert parse_note("<p>a note a human wrote</p>") is None
+    # Control and bidi characters become visible escapes (the old code passed them on).
+    hostile = note_body("s\u202e", 1, "summary", 1, 2, "NUL \x00 BEL \x07 ESC \x1b DEL \x7f", 1.7e9)
+    assert "s\\u202e" in hostile and "NUL \\x00 BEL \\x07 ESC \\x1b DEL \\x7f" in hostile
+    assert all(ch.isprintable() for ch in hostile)
 
 
 def test_settings_name_what_is_missing_and_never_show_the_token(
@@ -156,6 +160,15 @@ def test_settings_name_what_is_missing_and_never_show_the_token(
         IntercomSettings.load()
     assert "AC_INTERCOM_TIMEOUT_S" in str(bad.value) and TOKEN not in str(bad.value)
     monkeypatch.delenv("AC_INTERCOM_TIMEOUT_S")
+    # No scheme: the old code took it, then failed every request (UnsupportedProtocol).
+    monkeypatch.setenv("AC_INTERCOM_API_BASE", "api.intercom.io")
+    with pytest.raises(ConfigurationError) as no_scheme:
+        IntercomSettings.load()
+    assert str(no_scheme.value) == (
+        "invalid setting AC_INTERCOM_API_BASE: 'api.intercom.io' is not an http:// or "
+        "https:// URL with a host"
+    )
+    monkeypatch.delenv("AC_INTERCOM_API_BASE")
     settings = IntercomSettings.load()
     sink = IntercomSink(IntercomAPI(settings))
     assert TOKEN not in repr(settings) + repr(sink) + repr(sink.api._client.auth)

@@ -13,8 +13,15 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from agents.llm import LLMError, OpenAIChat, load_llm_callable, openai_llm, parse_retry_after
-from agents.resilience import LLMUnavailable, ResilientLLM
+from agents.llm import (
+    LLMError,
+    OpenAIChat,
+    llm_session,
+    load_llm_callable,
+    openai_llm,
+    parse_retry_after,
+)
+from agents.resilience import FailureLog, LLMUnavailable, ResilientLLM
 from streams.settings import Settings
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.openai_server import default_reply
@@ -268,6 +275,45 @@ async def test_retry_budget_gives_up_with_the_last_cause() -> None:
     assert isinstance(caught.value.last_cause, LLMError)
     assert caught.value.last_cause.kind == "timeout"
     assert caught.value.retryable and caught.value.attempts >= 2
+
+
+async def test_each_llm_failure_is_logged_once_and_storms_are_summarised(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old code logged failed LLM calls at INFO, with no session: an outage left
+    no WARNING line. Now each failure is a WARNING naming the session, the attempt and
+    the reason, but a retry storm is one line per interval saying how many it holds."""
+
+    async def down(prompt: str) -> str:
+        raise LLMError("HTTP 500 from the LLM", retryable=True, kind="server_error")
+
+    token = llm_session.set("sess-42")
+    try:
+        with caplog.at_level(logging.WARNING, logger="agents.resilience"):
+            with pytest.raises(LLMUnavailable):
+                await resilient(down, retry_budget_s=0.3, failure_threshold=1000)("p")
+    finally:
+        llm_session.reset(token)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    failed = [line for line in lines if "failed (attempt" in line]
+    assert failed == [
+        "LLM call for session sess-42 failed (attempt 1, server_error): HTTP 500 from the LLM"
+    ], lines
+    assert any("gave up on session sess-42 after" in line for line in lines), lines
+
+    clock = [100.0]
+    monkeypatch.setattr("agents.resilience.time.monotonic", lambda: clock[0])
+    log = FailureLog(every_s=10)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agents.resilience"):
+        for _ in range(50):  # a storm: 50 failures in 5 s
+            log.failed(1, LLMError("429", retryable=True, kind="rate_limited"))
+            clock[0] += 0.1
+        clock[0] += 10
+        log.failed(2, LLMError("429", retryable=True, kind="rate_limited"))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert lines[1].endswith("[49 more rate_limited failures in the 10s before this one]")
 
 
 # -- the circuit breaker -------------------------------------------------------

@@ -172,12 +172,17 @@ async def test_counters_move_and_lag_drains_after_a_run(
         ops = len(payloads) + summaries
         assert s.value("ac_sink_operations_total", sink="files", outcome="applied") == ops
         assert s.value("ac_end_to_end_seconds_count", sink="files") == ops
-        # From the user's action time (timestamp_end): the synthetic stream is from 2023.
+        # Event time (the user's timestamp_end): the synthetic stream is from 2023.
         newest_action = max(a["timestamp_end"] for p in payloads for a in p["actions"])
-        assert s.value("ac_action_age_at_sink_seconds_count", sink="files") == len(payloads)
-        age_sum = s.value("ac_action_age_at_sink_seconds_sum", sink="files")
+        assert s.value("ac_action_event_age_at_sink_seconds_count", sink="files") == len(payloads)
+        age_sum = s.value("ac_action_event_age_at_sink_seconds_sum", sink="files")
         assert age_sum >= len(payloads) * (produced_at - newest_action)
-        assert s.one("ac_action_age_at_sink_seconds_bucket", sink="files", le="86400.0") == 0
+        assert s.one("ac_action_event_age_at_sink_seconds_bucket", sink="files", le="86400.0") == 0
+        # The age metric is from ingest (the record's Kafka timestamp): this run's seconds,
+        # not the ~3 years the old code read from those timestamps.
+        assert s.value("ac_action_age_at_sink_seconds_count", sink="files") == len(payloads)
+        within = s.one("ac_action_age_at_sink_seconds_bucket", sink="files", le="300.0")
+        assert within == len(payloads)
 
         await wait_lag_zero(pipeline, pipeline_inputs, timeout=60)
         await wait_lag_zero(sink, sink_inputs, timeout=60)

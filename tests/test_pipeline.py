@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.support.pipeline import (
     batches_by_session,
     expected_summary_ranges,
     produce,
+    pull_view,
 )
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, ROOT, Worker
@@ -205,6 +207,37 @@ async def test_rocksdb_state_survives_kill9_and_restart(
         await wait_for_context_files(pipe, payloads)
 
 
+async def test_a_killed_workers_replacement_applies_actions_within_seconds(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    """The default session timeout (no FAST_REBALANCE here): the pipeline worker is
+    killed (-9) and its replacement started at once. Faust's default (60 s) left every
+    partition idle for a minute; now the time from the kill to the first applied
+    operation on every partition is the session timeout (10 s) plus a rebalance."""
+    pipe = Pipeline({**worker_env, "AC_IDLE_TIMEOUT_S": "3600"}, tmp_path, workers)
+    first, sink = pipe.start_pipeline(), pipe.start_sink("files")
+    await asyncio.gather(first.wait_ready(), sink.wait_ready())
+    sessions = [f"kill-{i}" for i in range(12)]  # every one of the 4 partitions gets some
+
+    def one_action(sid: str, n: int) -> dict[str, Any]:
+        return {"session_id": sid, "actions": [{"type": "click", "description": f"a{n}"}]}
+
+    async def applied_everywhere(n: int) -> bool:
+        views = [await pull_view(sink, sid) for sid in sessions]
+        return all(v is not None and v["actions_applied"] >= n for v in views)
+
+    await produce(pipe.env, [one_action(sid, 1) for sid in sessions])
+    await wait_for(lambda: applied_everywhere(1), timeout=60, message="before the kill")
+    first.kill()
+    killed = time.monotonic()
+    pipe.start_pipeline()
+    await produce(pipe.env, [one_action(sid, 2) for sid in sessions])
+    await wait_for(lambda: applied_everywhere(2), timeout=90, message="after the kill")
+    recovered_in = time.monotonic() - killed
+    print(f"kill -9 to the first operation applied on every partition: {recovered_in:.1f}s")
+    assert recovered_in < 30, recovered_in
+
+
 async def test_a_full_batch_buffer_pauses_fetching_and_loses_nothing(
     worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
 ) -> None:
@@ -281,6 +314,22 @@ async def test_llm_outage_loses_nothing_and_the_breaker_recovers(
         ({"AC_PROMPT": "Summarise the session please."}, "must contain {actions}"),
         ({"AC_PROMPT": "Actions: {actions} {0}"}, "does not format"),
         ({"AC_THRESHOLD": "0"}, "AC_THRESHOLD must be >= 1"),
+        # The old code: a 59-line traceback ending in FileNotFoundError.
+        (
+            {"AC_PROMPT_FILE": "/no/such/prompt.txt"},
+            "invalid setting AC_PROMPT_FILE: cannot read '/no/such/prompt.txt': "
+            "No such file or directory",
+        ),
+        (  # The old code: a 40-line traceback ending in "Unable to bootstrap from".
+            {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "AC_BROKER_WAIT_S": "1"},
+            "cannot reach the Kafka broker at 127.0.0.1:9 (Connection refused) within 1s: "
+            "is it running, and is KAFKA_BOOTSTRAP_SERVERS its address?",
+        ),
+        (
+            {"AC_LLM_BASE_URL": "llm.example.com/v1"},
+            "invalid setting AC_LLM_BASE_URL: 'llm.example.com/v1' is not an http:// or "
+            "https:// URL with a host",
+        ),
     ],
 )
 def test_bad_configuration_stops_the_worker_at_start(
@@ -297,3 +346,4 @@ def test_bad_configuration_stops_the_worker_at_start(
     )
     assert done.returncode != 0
     assert message in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr + done.stdout  # one line, not a stack

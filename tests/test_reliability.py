@@ -22,6 +22,7 @@ from aiokafka.partitioner import murmur2
 
 from agents.prompting import DEFAULT_PROMPT
 from schemas import DeadLetter
+from schemas.text import one_line
 from sinks.files import context_file
 from streams.app import EXIT_ON_BUG
 from streams.synthetic import interleaved_payloads, plan_sessions
@@ -475,10 +476,13 @@ async def test_hostile_and_malformed_input(
         assert text.startswith("Summary of actions 1-3000:")
         assert not re.search(r"^\[\d+\] ", text, re.M), "a raw line the summary covers"
 
-        # Unicode and control characters arrive intact; the odd session id stays in its directory.
+        # Unicode arrives intact, control and bidi characters as visible escapes (never raw:
+        # docs/sinks.md); the odd session id stays in its directory.
         odd_file = context_file(cluster.files_dir, odd_session)
         assert odd_file.parent == cluster.files_dir
-        assert odd_text in odd_file.read_bytes().decode("utf-8")
+        odd_context = odd_file.read_bytes().decode("utf-8")
+        assert one_line(odd_text) in odd_context and "emoji 😀, RTL עברית" in odd_context
+        assert all(ch in "\n\t" or ch.isprintable() for ch in odd_context), odd_context
 
         # Action text reaches the LLM fenced as data and cannot close the fence.
         fences = len(FENCE.findall(DEFAULT_PROMPT))

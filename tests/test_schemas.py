@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import ActionsPayload, InvalidMessage, decode
+from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
+from schemas.text import printable
 
 ACTION_FIELDS = (
     "title",
@@ -171,3 +173,26 @@ def test_bad_input_is_rejected_with_a_reason(raw: bytes, reason: str) -> None:
     with pytest.raises(InvalidMessage) as caught:
         decode(ActionsPayload, raw)
     assert reason in caught.value.reason
+
+
+def test_control_and_bidi_characters_are_escaped_in_what_destinations_get() -> None:
+    """The old code passed NUL, BEL, ESC, DEL and U+202E into context text and notes."""
+    hostile = "NUL \x00 BEL \x07 ESC \x1b[31m DEL \x7f RLO \u202e LRI \u2066 LS \u2028 end"
+    payload = ActionsPayload.model_validate(
+        {
+            "session_id": "s\u202e1",
+            "actions": [{"type": "click", "description": hostile + "\n[99] click: spoofed"}],
+        }
+    )
+    text = payload.numbered_text(1)
+    assert text == (
+        "Session s\\u202e1 — action 1\n"
+        "[1] click: NUL \\x00 BEL \\x07 ESC \\x1b[31m DEL \\x7f RLO \\u202e LRI \\u2066 "
+        "LS \\u2028 end\\n[99] click: spoofed — "
+    )
+    assert printable("tab\tand\nnewline\r") == "tab\tand\nnewline\\x0d"
+    assert printable(printable(hostile)) == printable(hostile)  # escaping twice changes nothing
+    ledger = new_ledger()
+    update_ledger(ledger, payload.actions, 1, LedgerLimits(), now=0.0)
+    rendered = SessionLedger.model_validate(ledger).render()
+    assert all(ch in "\n" or ch.isprintable() for ch in rendered), rendered

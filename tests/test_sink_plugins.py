@@ -113,6 +113,13 @@ async def test_every_plug_in_shape_loads(tmp_path: Path, monkeypatch: pytest.Mon
         load_sink("tests.support.no_such_module:Sink", settings)
     with pytest.raises(ConfigurationError, match="neither a sink"):
         load_sink("tests.support.sink_plugins:plugin_file", settings)
+    # A mistyped name lists the names there are (the old code: "Empty module name").
+    with pytest.raises(ConfigurationError) as unknown:
+        load_sink("nosuchsink", settings)
+    assert str(unknown.value) == (
+        "AC_SINK='nosuchsink' is not a sink name; use one of files, intercom, my-slow, "
+        "null, stdout, webhook, or a dotted path such as mypkg.sinks:MySink"
+    )
 
 
 # --------------------------------------------------------------------------- end to end

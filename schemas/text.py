@@ -1,0 +1,32 @@
+"""Text that reaches a destination: control and bidirectional-override characters escaped.
+
+Action text is untrusted. A NUL, BEL or ESC sequence, a DEL, or a right-to-left
+override (U+202E) reaches an agent's context, a terminal or an Intercom note as
+an invisible instruction to the renderer; here it becomes a visible escape
+(``\\x1b``, ``\\u202e``), so what the agent reads is what the user typed.
+``one_line`` also escapes newlines, so a field can never start a line of its own
+(a description holding "\\n[99] click: ..." cannot pose as another action).
+tests/test_schemas.py::test_control_and_bidi_characters_are_escaped proves it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["one_line", "printable"]
+
+_CONTROLS = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
+_BIDI_AND_SEPARATORS = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
+_BIDI_AND_SEPARATORS += [0x2028, 0x2029]  # line/paragraph separators some renderers break on
+
+_PRINTABLE = {cp: f"\\x{cp:02x}" for cp in _CONTROLS if cp not in (0x09, 0x0A)}
+_PRINTABLE.update({cp: f"\\u{cp:04x}" for cp in _BIDI_AND_SEPARATORS})
+_ONE_LINE = {**_PRINTABLE, 0x0A: "\\n"}
+
+
+def printable(text: str) -> str:
+    """``text`` with control and bidi characters escaped; tabs and newlines kept."""
+    return text.translate(_PRINTABLE)
+
+
+def one_line(text: str) -> str:
+    """:func:`printable`, with newlines escaped too: for one field of a one-line entry."""
+    return text.translate(_ONE_LINE)
