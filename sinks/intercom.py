@@ -204,6 +204,10 @@ class ConversationNotFound(Exception):
         self.conversation_id = conversation_id
 
 
+class ConversationMissing(PermanentSinkError):
+    """Refused because the conversation is still not there after the grace period."""
+
+
 class _BearerAuth(httpx.Auth):
     """Adds the token per request, so it is in no client default, repr or error text."""
 
@@ -364,6 +368,9 @@ class IntercomState(BaseModel):
     pending_summary: PendingSummary | None = None
     to_redact: list[Redaction] = Field(default_factory=list)
     rev: int = 0  # bumped on every completed apply/link
+    # An operation was refused because the conversation did not exist: ``posted_to``
+    # overstates what is there, so the next touch rebuilds it from the conversation.
+    missing: bool = False
     # The previous generation's notes still up: its late final summary retires them.
     previous_generation: int | None = None
     previous_notes: list[Note] = Field(default_factory=list)
@@ -432,11 +439,14 @@ class IntercomSink:
                     await self._apply_previous_summary(context, state, op)
             elif state.conversation_id is not None:
                 await self._catch_up(context, state)
-                if isinstance(op, SummaryReady):
+                # An older summary (a re-drive, after later operations) is no note of its
+                # own: what the context holds now goes up instead, below.
+                if isinstance(op, SummaryReady) and op.seq_to == context.summary_to:
                     await self._apply_summary(context, state, op)
                 await self._post_waiting(context, state, when=op.emitted_at)
             self._done(context.session_id, state, synced=True)
-        except PermanentSinkError:
+        except PermanentSinkError as exc:
+            state.missing = state.missing or isinstance(exc, ConversationMissing)
             self._done(context.session_id, state, synced=False)
             raise
         finally:
@@ -451,7 +461,8 @@ class IntercomSink:
                 await self._catch_up(context, state)
                 await self._post_waiting(context, state, when=time.time())
             self._done(session_id, state, synced=True)
-        except PermanentSinkError:
+        except PermanentSinkError as exc:
+            state.missing = state.missing or isinstance(exc, ConversationMissing)
             self._done(session_id, state, synced=False)
             raise
         finally:
@@ -498,7 +509,8 @@ class IntercomSink:
     async def _catch_up(self, context: SessionContext, state: IntercomState) -> None:
         """Reconcile if our bookkeeping may be stale; finish redactions left over."""
         sid = context.session_id
-        if sid in self._dirty or self._trusted.get(sid) != (state.conversation_id, state.rev):
+        stale = self._trusted.get(sid) != (state.conversation_id, state.rev)
+        if sid in self._dirty or stale or state.missing:
             await self._reconcile(context, state)
         await self._redact_pending(state)
 
@@ -658,7 +670,7 @@ class IntercomSink:
         first = self._missing_since.setdefault(conversation_id, time.monotonic())
         if time.monotonic() - first < self.api.settings.not_found_grace_s:
             raise TransientHTTPError(f"Intercom conversation {conversation_id} not found (yet)")
-        raise PermanentSinkError(f"Intercom conversation {conversation_id} not found")
+        raise ConversationMissing(f"Intercom conversation {conversation_id} not found")
 
     @staticmethod
     def _retire_covered(state: IntercomState, seq_to: int, *, keep: str | None) -> None:
@@ -702,6 +714,7 @@ class IntercomSink:
             parts, complete = await self.api.conversation(conversation_id)
         except ConversationNotFound:
             self._not_found(conversation_id)
+        self._missing_since.pop(conversation_id, None)
         ref, generation = session_ref(sid), context.generation
         found: list[Note] = []
         duplicates: list[Note] = []
@@ -735,7 +748,10 @@ class IntercomSink:
         )
         before = {n.part_id for n in state.notes}
         state.notes = elsewhere + unseen + found
-        state.posted_to = max([state.posted_to, *(n.seq_to for n in state.notes)])
+        # Once the conversation was missing, only its notes say what reached it.
+        known = 0 if state.missing else state.posted_to
+        state.posted_to = max([known, *(n.seq_to for n in state.notes)])
+        state.missing = False
         for dup in duplicates:  # e.g. from a worker that lost its partition mid-post
             state.to_redact.append(Redaction(part_id=dup.part_id, conversation_id=conversation_id))
         # A summary note that is there covers every older note, whatever our copy says.
