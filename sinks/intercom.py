@@ -364,6 +364,7 @@ class IntercomState(BaseModel):
     link_conversation_id: str | None = None  # from the links topic
     generation: int = 0
     posted_to: int = 0  # highest action sequence number present at the destination
+    summary_to: int = 0  # the range of the latest summary there (in a summary or catch-up note)
     notes: list[Note] = Field(default_factory=list)  # unredacted notes, in posting order
     pending_summary: PendingSummary | None = None
     to_redact: list[Redaction] = Field(default_factory=list)
@@ -387,6 +388,7 @@ def _load(context: SessionContext) -> IntercomState:
             update={
                 "generation": context.generation,
                 "posted_to": 0,
+                "summary_to": 0,
                 "notes": [],
                 "pending_summary": None,
                 "previous_generation": state.generation,
@@ -439,9 +441,9 @@ class IntercomSink:
                     await self._apply_previous_summary(context, state, op)
             elif state.conversation_id is not None:
                 await self._catch_up(context, state)
-                # An older summary (a re-drive, after later operations) is no note of its
-                # own: what the context holds now goes up instead, below.
-                if isinstance(op, SummaryReady) and op.seq_to == context.summary_to:
+                # A summary already there (a re-drive, after a catch-up note held it) is
+                # not posted again; what the context holds beyond it goes up below.
+                if isinstance(op, SummaryReady) and op.seq_to > state.summary_to:
                     await self._apply_summary(context, state, op)
                 await self._post_waiting(context, state, when=op.emitted_at)
             self._done(context.session_id, state, synced=True)
@@ -487,7 +489,7 @@ class IntercomSink:
             )
         state.conversation_id = target
         state.notes = []
-        state.posted_to = 0
+        state.posted_to = state.summary_to = 0
         state.pending_summary = None
 
     def _done(self, session_id: str, state: IntercomState, *, synced: bool) -> None:
@@ -529,6 +531,7 @@ class IntercomSink:
         self._retire_covered(state, op.seq_to, keep=pending.part_id)
         await self._redact_pending(state)
         state.pending_summary = None
+        state.summary_to = max(state.summary_to, op.seq_to)
 
     async def _apply_previous_summary(
         self, context: SessionContext, state: IntercomState, op: SummaryReady
@@ -589,6 +592,8 @@ class IntercomSink:
             kind, seq_from = "actions", batches[0].seq_from
         seq_to = batches[-1].seq_to if batches else context.summary_to
         await self._post(context, state, kind, seq_from, seq_to, "\n\n".join(texts), when=when)
+        if summary_waiting:
+            state.summary_to = max(state.summary_to, context.summary_to)
 
     # -- destination calls ---------------------------------------------------------
 
@@ -751,6 +756,9 @@ class IntercomSink:
         # Once the conversation was missing, only its notes say what reached it.
         known = 0 if state.missing else state.posted_to
         state.posted_to = max([known, *(n.seq_to for n in state.notes)])
+        if state.missing:
+            tops = [n.seq_to for n in state.notes if n.kind == "summary"]
+            state.summary_to = max(tops, default=0)
         state.missing = False
         for dup in duplicates:  # e.g. from a worker that lost its partition mid-post
             state.to_redact.append(Redaction(part_id=dup.part_id, conversation_id=conversation_id))
