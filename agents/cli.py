@@ -6,6 +6,8 @@
     agent-context tail --session SESSION_ID
     agent-context dead-letters list --limit 20
     agent-context dead-letters redrive --dry-run
+    agent-context dead-letters redrive --stage sink-intercom
+    agent-context link SESSION_ID CONVERSATION_ID
 
 Every command reads the service's settings from the environment (``AC_*``, see
 ``streams.settings``) and accepts ``--bootstrap`` to point at another broker.
@@ -56,6 +58,7 @@ from schemas import (
     ActionsWritten,
     DeadLetter,
     InvalidMessage,
+    SessionLink,
     SummaryReady,
     context_operation_adapter,
     decode,
@@ -64,7 +67,7 @@ from streams.lanes import Lanes
 from streams.producer import ActionsProducer, ProduceError
 from streams.settings import ConfigurationError, Settings, load_settings
 from streams.synthetic import interleaved_payloads, plan_sessions
-from streams.topics import ACTIONS, CONTEXT, DEAD_LETTERS, ensure_topics
+from streams.topics import ACTIONS, CONTEXT, DEAD_LETTERS, LINKS, ensure_topics, redrive_topic
 
 __all__ = ["app", "main"]
 
@@ -74,6 +77,8 @@ EXIT_ERROR = 1
 EXIT_INVALID_RECORDS = 3
 #: Dead-letter stages whose original bytes are an actions payload (re-drivable).
 ACTIONS_STAGES = ("accumulate", "ingest", "sse", "produce-file")
+#: ``sink-<name>``: a sink refused the original (an operation or link); it goes back to it.
+SINK_STAGE = "sink-"
 DEFAULT_CONTEXT_URL = "http://127.0.0.1:6067"
 #: A read that makes no progress for this long is reported instead of hanging.
 READ_STALL_S = 30.0
@@ -445,6 +450,30 @@ def produce_file(
         raise typer.Exit(EXIT_INVALID_RECORDS)
 
 
+@app.command()
+def link(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    conversation_id: Annotated[str, typer.Argument(help="Its conversation (e.g. Intercom's).")],
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Tie a session to a conversation: link-aware sinks (intercom) post its context there."""
+    settings = settings_for(bootstrap)
+
+    async def main() -> Any:
+        await ensure_topics(settings)
+        async with ActionsProducer.from_settings(settings) as producer:
+            try:
+                return await producer.link(session_id, conversation_id)
+            except InvalidMessage as exc:
+                raise CliError(exc.reason) from None
+
+    meta = run(settings, main())
+    typer.echo(
+        f"linked session {session_id} to conversation {conversation_id}"
+        f" ({settings.topic(LINKS)}[{meta.partition}]@{meta.offset})"
+    )
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -657,12 +686,61 @@ class RedriveReport:
     still_invalid: list[tuple[ConsumerRecord, DeadLetter, str]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RedriveTarget:
+    """Where some stages' dead letters go back to, and the group keeping their place.
+
+    Each target has its own consumer group: a run for one stage must not commit
+    past another stage's letters, which a later run for that stage still needs.
+    """
+
+    stages: frozenset[str]
+    topic: str
+    group: str
+    validate: Callable[[bytes], str]  # the session to key by; raises InvalidMessage
+
+
+def validate_sink_original(raw: bytes) -> str:
+    """A sink's dead letter holds a context operation or a link; its session."""
+    try:
+        return context_operation_adapter.validate_json(raw).session_id
+    except ValueError:
+        pass
+    return decode(SessionLink, raw).session_id
+
+
+def redrive_targets(settings: Settings, stages: set[str]) -> list[RedriveTarget]:
+    targets = []
+    if actions := stages & set(ACTIONS_STAGES):
+        targets.append(
+            RedriveTarget(
+                frozenset(actions),
+                settings.topic(ACTIONS),
+                f"{settings.app_id}-redrive",
+                lambda raw: validate_actions(raw).session_id,
+            )
+        )
+    for stage in sorted(stages - set(ACTIONS_STAGES)):
+        targets.append(
+            RedriveTarget(
+                frozenset([stage]),
+                settings.topic(redrive_topic(stage)),
+                f"{settings.app_id}-redrive-{stage}",
+                validate_sink_original,
+            )
+        )
+    return targets
+
+
 @dead_letters_app.command("redrive")
 def redrive(
     stage: Annotated[
         list[str] | None,
         typer.Option(
-            help=f"Stages to re-drive (repeatable; 'all' = {', '.join(ACTIONS_STAGES)}).",
+            help=(
+                f"Stages to re-drive (repeatable; 'all' = {', '.join(ACTIONS_STAGES)});"
+                " sink-<name> sends a sink's refused operations back to that sink only."
+            ),
             show_default="accumulate",
         ),
     ] = None,
@@ -671,78 +749,96 @@ def redrive(
     ] = False,
     bootstrap: Bootstrap = None,
 ) -> None:
-    """Re-drive dead letters whose original bytes now parse back into the actions topic.
+    """Re-drive dead letters whose original bytes now parse back to where they failed.
 
-    Letters are read from where the previous run stopped (consumer group
-    <app_id>-redrive) to the end of the topic as it is now; each one is re-driven
-    at most once, keyed by its session. Letters that still do not parse are
-    reported and passed over; the group's offsets are committed after the run.
+    Actions payloads go back into the actions topic; a sink's letters (stage
+    sink-<name>) to its re-drive topic, which only that sink's worker reads, in
+    their original order per session. Letters are read from where the previous
+    run for the same stages stopped (consumer group <app_id>-redrive, or
+    <app_id>-redrive-sink-<name>) to the end of the topic as it is now; each one
+    is re-driven at most once, keyed by its session. Letters that still do not
+    parse are reported and passed over; the group's offsets are committed after
+    the run.
     """
     settings = settings_for(bootstrap)
     stages = set(stage or ["accumulate"])
     if "all" in stages:
-        stages = set(ACTIONS_STAGES)
-    if unknown := stages - set(ACTIONS_STAGES):
+        stages = (stages - {"all"}) | set(ACTIONS_STAGES)
+    is_sink = {s for s in stages if s.startswith(SINK_STAGE) and len(s) > len(SINK_STAGE)}
+    unknown = stages - set(ACTIONS_STAGES) - is_sink
+    if unknown:
         raise fail(
-            f"cannot re-drive stage {', '.join(sorted(unknown))} into actions: only"
-            f" {', '.join(ACTIONS_STAGES)} dead letters hold actions payloads",
+            f"cannot re-drive stage {', '.join(sorted(unknown))}: only"
+            f" {', '.join(ACTIONS_STAGES)} (into actions) and sink-<name> (back to that sink)"
+            " dead letters can be",
             2,
         )
+    targets = redrive_targets(settings, stages)
     topic = settings.topic(DEAD_LETTERS)
-    group = f"{settings.app_id}-redrive"
 
-    async def main() -> RedriveReport:
+    async def main() -> list[RedriveReport]:
         if not dry_run:
-            await ensure_topics(settings)
-        report = RedriveReport()
-        consumer = consumer_for(settings, group_id=group)
+            await ensure_topics(settings, [redrive_topic(s) for s in is_sink])
         producer = ActionsProducer.from_settings(settings, client_id="agent-context-redrive")
-        await consumer.start()
-        done: dict[TopicPartition, int] = {}
-
-        async def commit() -> None:
-            if done and not dry_run:
-                await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in done.items()})
-
         try:
-            tps = await partitions_of(settings, topic)
-            begins = await consumer.beginning_offsets(tps)
-            ends = await consumer.end_offsets(tps)
-            ranges = {}
-            for tp in tps:
-                committed = await consumer.committed(tp)
-                ranges[tp] = (max(committed or 0, begins[tp]), ends[tp])
-            seen: set[tuple[Any, ...]] = set()
-            async for record in read_between(consumer, ranges):
-                await redrive_one(record, report, seen, producer, stages, dry_run)
-                done[TopicPartition(record.topic, record.partition)] = record.offset + 1
-            done = {tp: end for tp, (start, end) in ranges.items() if start < end}
-        except BaseException:
-            # What was re-driven before the failure must not be re-driven next time.
-            with contextlib.suppress(Exception):
-                await commit()
-            raise
-        else:
-            await commit()
+            return [await redrive_target(settings, target, producer, dry_run) for target in targets]
         finally:
             await producer.stop()
-            await consumer.stop()
-        return report
 
-    report = run(settings, main())
+    reports = run(settings, main())
     verb = "would re-drive" if dry_run else "re-driven"
-    typer.echo(f"examined {report.examined} dead letters in {topic} (group {group})")
-    typer.echo(f"  {verb} into {settings.topic(ACTIONS)}: {report.redriven}")
-    typer.echo(f"  still invalid: {len(report.still_invalid)}")
-    typer.echo(f"  duplicates skipped: {report.duplicates}")
-    others = ", ".join(f"{k}: {v}" for k, v in sorted(report.other_stages.items()))
-    typer.echo(f"  other stages left alone: {sum(report.other_stages.values())} ({others or '-'})")
-    if report.unreadable:
-        typer.echo(f"  unreadable dead letters: {report.unreadable}")
-    for record, letter, reason in report.still_invalid[:20]:
-        typer.echo(describe_letter(record, letter.model_copy(update={"reason": reason})))
+    for target, report in zip(targets, reports, strict=True):
+        typer.echo(f"examined {report.examined} dead letters in {topic} (group {target.group})")
+        typer.echo(f"  {verb} into {target.topic}: {report.redriven}")
+        typer.echo(f"  still invalid: {len(report.still_invalid)}")
+        typer.echo(f"  duplicates skipped: {report.duplicates}")
+        others = ", ".join(f"{k}: {v}" for k, v in sorted(report.other_stages.items()))
+        left = sum(report.other_stages.values())
+        typer.echo(f"  other stages left alone: {left} ({others or '-'})")
+        if report.unreadable:
+            typer.echo(f"  unreadable dead letters: {report.unreadable}")
+        for record, letter, reason in report.still_invalid[:20]:
+            typer.echo(describe_letter(record, letter.model_copy(update={"reason": reason})))
     if dry_run:
         typer.echo("dry run: nothing produced, no offsets committed")
+
+
+async def redrive_target(
+    settings: Settings, target: RedriveTarget, producer: ActionsProducer, dry_run: bool
+) -> RedriveReport:
+    """One target's letters, from its group's committed offsets to the end now."""
+    report = RedriveReport()
+    consumer = consumer_for(settings, group_id=target.group)
+    await consumer.start()
+    done: dict[TopicPartition, int] = {}
+
+    async def commit() -> None:
+        if done and not dry_run:
+            await consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in done.items()})
+
+    try:
+        tps = await partitions_of(settings, settings.topic(DEAD_LETTERS))
+        begins = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        ranges = {}
+        for tp in tps:
+            committed = await consumer.committed(tp)
+            ranges[tp] = (max(committed or 0, begins[tp]), ends[tp])
+        seen: set[tuple[Any, ...]] = set()
+        async for record in read_between(consumer, ranges):
+            await redrive_one(record, report, seen, producer, target, dry_run)
+            done[TopicPartition(record.topic, record.partition)] = record.offset + 1
+        done = {tp: end for tp, (start, end) in ranges.items() if start < end}
+    except BaseException:
+        # What was re-driven before the failure must not be re-driven next time.
+        with contextlib.suppress(Exception):
+            await commit()
+        raise
+    else:
+        await commit()
+    finally:
+        await consumer.stop()
+    return report
 
 
 async def redrive_one(
@@ -750,7 +846,7 @@ async def redrive_one(
     report: RedriveReport,
     seen: set[tuple[Any, ...]],
     producer: ActionsProducer,
-    stages: set[str],
+    target: RedriveTarget,
     dry_run: bool,
 ) -> None:
     report.examined += 1
@@ -759,7 +855,7 @@ async def redrive_one(
     except InvalidMessage:
         report.unreadable += 1
         return
-    if letter.stage not in stages:
+    if letter.stage not in target.stages:
         report.other_stages[letter.stage] += 1
         return
     identity = letter_identity(letter)
@@ -769,12 +865,12 @@ async def redrive_one(
     seen.add(identity)
     original = letter.original
     try:
-        payload = validate_actions(original)
+        session_id = target.validate(original)
     except InvalidMessage as exc:
         report.still_invalid.append((record, letter, exc.reason))
         return
     if not dry_run:
-        await producer.add_raw(payload.session_id, original)
+        await producer.send_raw(target.topic, session_id, original)
     report.redriven += 1
 
 

@@ -6,6 +6,11 @@ of the raw body>``. Unlike the SDK receiver, a 2xx is only returned once Kafka
 acknowledged the payload, so a failed write makes the connector retry instead
 of losing the batch.
 
+Beside it, ``POST /intercom`` takes Intercom's conversation webhooks (signed
+``X-Hub-Signature: sha1=<hex HMAC-SHA1>`` with the app's client secret,
+``AC_INTERCOM_WEBHOOK_SECRET``): a conversation that names a session in its
+custom attribute ``AC_INTERCOM_SESSION_ATTRIBUTE`` links that session to it.
+
 Standalone: ``python -m agents.ingest_http`` (``AC_INGEST_*`` plus the usual
 ``AC_*`` settings). Or mount :func:`create_ingest_app` into another aiohttp app.
 """
@@ -13,8 +18,6 @@ Standalone: ``python -m agents.ingest_http`` (``AC_INGEST_*`` plus the usual
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -27,7 +30,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
-from streams import metrics
+from streams import metrics, signing
 from streams.producer import (
     ActionsProducer,
     DeadLetterTarget,
@@ -37,12 +40,19 @@ from streams.producer import (
 from streams.settings import ConfigurationError, Settings, from_environment, load_settings
 from streams.topics import ensure_topics
 
-__all__ = ["SIGNATURE_HEADER", "IngestSettings", "create_ingest_app", "sign"]
+__all__ = [
+    "INTERCOM_SIGNATURE_HEADER",
+    "SIGNATURE_HEADER",
+    "IngestSettings",
+    "IntercomWebhookSettings",
+    "create_ingest_app",
+    "sign",
+]
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "X-Connector-Signature"
-_PREFIX = "sha256="
+INTERCOM_SIGNATURE_HEADER = "X-Hub-Signature"
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 INGEST_REQUESTS = Counter("ac_ingest_requests_total", "Webhook ingest requests", ["outcome"])
@@ -61,9 +71,18 @@ class IngestSettings(BaseSettings):
     produce_timeout_s: float = Field(default=10.0, gt=0)
 
 
+class IntercomWebhookSettings(BaseSettings):
+    """``AC_INTERCOM_WEBHOOK_SECRET`` (the Intercom app's client secret) turns the route on."""
+
+    model_config = SettingsConfigDict(env_prefix="AC_INTERCOM_", extra="ignore")
+
+    webhook_secret: SecretStr | None = None
+    session_attribute: str = Field(default="session_id", min_length=1)
+
+
 def sign(secret: str, body: bytes) -> str:
     """The header value the connector sends for ``body``."""
-    return _PREFIX + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return signing.sign(secret, body)
 
 
 def _json(code: int, body: dict[str, Any]) -> web.Response:
@@ -106,8 +125,11 @@ def create_ingest_app(
     dead_letters: DeadLetterTarget | None = None,
     produce_timeout_s: float = 10.0,
     manage_producer: bool = False,
+    serve_actions: bool = True,
+    intercom: IntercomWebhookSettings | None = None,
 ) -> web.Application:
-    """An aiohttp app with ``POST /webhook`` and ``GET /healthz``.
+    """An aiohttp app with ``POST /webhook`` and ``GET /healthz``, and ``POST /intercom``
+    when ``intercom`` has a webhook secret (``producer`` must then have ``link()``).
 
     ``dead_letters`` defaults to ``producer`` (it must then have ``dead_letter()``,
     as :class:`ActionsProducer` does). ``secret=None`` disables signature checks.
@@ -153,11 +175,9 @@ def create_ingest_app(
 
         if secret_bytes is not None:
             given = request.headers.get(SIGNATURE_HEADER, "")
-            if not given.startswith(_PREFIX):
+            if not given.startswith("sha256="):
                 return _reject(401, "unauthorized", f"missing or malformed {SIGNATURE_HEADER}")
-            expected = hmac.new(secret_bytes, body, hashlib.sha256).hexdigest().encode()
-            provided = given[len(_PREFIX) :].strip().lower().encode("utf-8", "replace")
-            if not hmac.compare_digest(expected, provided):
+            if not signing.verify(secret_bytes, body, given):
                 return _reject(401, "unauthorized", f"invalid {SIGNATURE_HEADER}")
 
         try:
@@ -198,8 +218,14 @@ def create_ingest_app(
         return _json(200, {"status": "ok", "kafka_connected": connected})
 
     app = web.Application(client_max_size=max_body_bytes)
-    app.router.add_post("/webhook", webhook)
+    if serve_actions:
+        app.router.add_post("/webhook", webhook)
     app.router.add_get("/healthz", healthz)
+    if intercom is not None and intercom.webhook_secret is not None:
+        app.router.add_post(
+            "/intercom",
+            intercom_webhook(producer, intercom, max_body_bytes, produce_timeout_s),
+        )
 
     if manage_producer:
 
@@ -219,20 +245,92 @@ def create_ingest_app(
     return app
 
 
+def conversation_link(data: Any, attribute: str) -> tuple[str, str] | None:
+    """(session, conversation) from an Intercom notification, or None when it names no
+    session; raises ``InvalidMessage`` for a conversation notification that is malformed."""
+    if not isinstance(data, dict):
+        raise InvalidMessage(f"not a JSON object: {type(data).__name__}")
+    topic = data.get("topic")
+    if not isinstance(topic, str) or not topic.startswith("conversation."):
+        return None  # e.g. "ping", sent when the webhook is set up
+    body = data.get("data")
+    item = body.get("item") if isinstance(body, dict) else None
+    if not isinstance(item, dict) or item.get("type") != "conversation":
+        raise InvalidMessage(f"{topic}: data.item is not a conversation")
+    if not isinstance(item.get("id"), str | int) or not str(item["id"]):
+        raise InvalidMessage(f"{topic}: the conversation has no id")
+    attributes = item.get("custom_attributes")
+    session = attributes.get(attribute) if isinstance(attributes, dict) else None
+    if not isinstance(session, str) or not session.strip():
+        return None
+    return session.strip(), str(item["id"])
+
+
+def intercom_webhook(
+    producer: Any, settings: IntercomWebhookSettings, max_body_bytes: int, produce_timeout_s: float
+) -> Any:
+    """The handler of Intercom's conversation notifications: link the session they name."""
+    assert settings.webhook_secret is not None
+    secret = settings.webhook_secret.get_secret_value().encode()
+
+    async def handle(request: web.Request) -> web.Response:
+        try:
+            body = await _read_limited(request, max_body_bytes)
+        except _TooLarge:
+            return _reject(413, "too_large", f"body exceeds {max_body_bytes} bytes")
+        given = request.headers.get(INTERCOM_SIGNATURE_HEADER)
+        if not signing.verify(secret, body, given, "sha1"):
+            return _reject(401, "unauthorized", f"missing or invalid {INTERCOM_SIGNATURE_HEADER}")
+        try:
+            found = conversation_link(orjson.loads(body), settings.session_attribute)
+        except orjson.JSONDecodeError as exc:
+            return _reject(422, "invalid", f"not valid JSON: {exc}")
+        except InvalidMessage as exc:
+            return _reject(422, "invalid", exc.reason)
+        if found is None:
+            INGEST_REQUESTS.labels("ignored").inc()
+            return _json(200, {"status": "ignored", "reason": "no session to link"})
+        session_id, conversation_id = found
+        try:
+            async with asyncio.timeout(produce_timeout_s):
+                meta = await producer.link(session_id, conversation_id)
+        except InvalidMessage as exc:
+            return _reject(422, "invalid", exc.reason)
+        except Exception as exc:
+            log.error("ingest: link not produced (%s): %s", type(exc).__name__, exc)
+            return _reject(503, "unavailable", "Kafka did not acknowledge the link; retry")
+        INGEST_REQUESTS.labels("linked").inc()
+        answer: dict[str, Any] = {"status": "linked", "session_id": session_id}
+        answer.update(conversation_id=conversation_id, partition=meta.partition, offset=meta.offset)
+        return _json(202, answer)
+
+    return handle
+
+
 def _load_ingest_settings() -> IngestSettings:
     ingest = from_environment(IngestSettings, "AC_INGEST_")
-    if ingest.secret is None and not ingest.allow_unsigned:
+    if (
+        not _actions_enabled(ingest)
+        and from_environment(IntercomWebhookSettings, "AC_INTERCOM_").webhook_secret is None
+    ):
         raise ConfigurationError(
             "AC_INGEST_SECRET is not set; set it, or AC_INGEST_ALLOW_UNSIGNED=true to accept "
-            "unsigned webhooks"
+            "unsigned webhooks (or only AC_INTERCOM_WEBHOOK_SECRET for Intercom's webhooks)"
         )
     return ingest
+
+
+def _actions_enabled(ingest: IngestSettings) -> bool:
+    return ingest.secret is not None or ingest.allow_unsigned
 
 
 def optional_ingest_settings() -> IngestSettings | None:
     """The ingest settings when the operator enabled ingest in the worker, else ``None``."""
     ingest = IngestSettings()
-    if ingest.secret is None and not ingest.allow_unsigned:
+    if (
+        not _actions_enabled(ingest)
+        and from_environment(IntercomWebhookSettings, "AC_INTERCOM_").webhook_secret is None
+    ):
         return None
     return ingest
 
@@ -245,6 +343,8 @@ def ingest_app_from_settings(settings: Settings, ingest: IngestSettings) -> web.
         max_body_bytes=ingest.max_body_bytes,
         produce_timeout_s=ingest.produce_timeout_s,
         manage_producer=True,
+        serve_actions=_actions_enabled(ingest),
+        intercom=from_environment(IntercomWebhookSettings, "AC_INTERCOM_"),
     )
 
 
@@ -260,7 +360,7 @@ def main() -> None:
             log.warning("ingest: could not ensure topics (%s)", exc)
         return ingest_app_from_settings(settings, ingest)
 
-    log.info("ingest: listening on http://%s:%d/webhook", ingest.host, ingest.port)
+    log.info("ingest: listening on http://%s:%d", ingest.host, ingest.port)
     web.run_app(build(), host=ingest.host, port=ingest.port, access_log=None, print=None)
 
 

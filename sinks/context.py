@@ -17,7 +17,14 @@ from pydantic import BaseModel, Field
 from schemas import ActionsWritten, SummaryReady
 from schemas.ledger import SessionLedger
 
-__all__ = ["Batch", "SessionContext", "Skip", "actions_range", "summary_block"]
+__all__ = [
+    "Batch",
+    "SessionContext",
+    "Skip",
+    "actions_range",
+    "refused_key",
+    "summary_block",
+]
 
 
 class Batch(BaseModel):
@@ -45,6 +52,9 @@ class SessionContext(BaseModel):
     # after the new generation's first batches, still replaces its raw batches.
     previous: SessionContext | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
+    # Operations the sink refused (dead-lettered), by ``refused_key``: a re-drive of
+    # one of these is applied again, although the high-water marks are past it.
+    refused: list[str] = Field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json"))
@@ -70,11 +80,12 @@ class SessionContext(BaseModel):
         if op.generation > self.generation:  # the session came back after it expired
             # ``extra`` is carried over: the sink decides what of its bookkeeping
             # outlives a generation (e.g. the session's Intercom conversation).
-            earlier = self.model_copy(update={"previous": None, "extra": {}})
+            earlier = self.model_copy(update={"previous": None, "extra": {}, "refused": []})
             base = SessionContext(
                 session_id=self.session_id,
                 generation=op.generation,
                 extra=self.extra,
+                refused=self.refused,
                 previous=earlier if self.actions_to else self.previous,
             )
         if isinstance(op, ActionsWritten):
@@ -124,6 +135,13 @@ class SessionContext(BaseModel):
         parts = [self.summary_text()] if self.previous is not None or self.summary else []
         parts.extend(b.text for b in self.batches)
         return "\n\n".join(parts) + ("\n" if parts else "")
+
+
+REFUSED_KEPT = 10_000  # per session; the oldest are forgotten (their re-drive is skipped)
+
+
+def refused_key(op: ActionsWritten | SummaryReady) -> str:
+    return f"{op.op}:g{op.generation}:{op.seq_from}-{op.seq_to}"
 
 
 def actions_range(seq_from: int, seq_to: int) -> str:

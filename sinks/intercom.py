@@ -193,6 +193,10 @@ class ConversationNotFound(Exception):
         self.conversation_id = conversation_id
 
 
+class ConversationMissing(PermanentSinkError):
+    """Refused because the conversation is still not there after the grace period."""
+
+
 class _BearerAuth(httpx.Auth):
     """Adds the token per request, so it is in no client default, repr or error text."""
 
@@ -349,10 +353,14 @@ class IntercomState(BaseModel):
     link_conversation_id: str | None = None  # from the links topic
     generation: int = 0
     posted_to: int = 0  # highest action sequence number present at the destination
+    summary_to: int = 0  # the range of the latest summary there (in a summary or catch-up note)
     notes: list[Note] = Field(default_factory=list)  # unredacted notes, in posting order
     pending_summary: PendingSummary | None = None
     to_redact: list[Redaction] = Field(default_factory=list)
     rev: int = 0  # bumped on every completed apply/link
+    # An operation was refused because the conversation did not exist: ``posted_to``
+    # overstates what is there, so the next touch rebuilds it from the conversation.
+    missing: bool = False
     # The previous generation's notes still up: its late final summary retires them.
     previous_generation: int | None = None
     previous_notes: list[Note] = Field(default_factory=list)
@@ -369,6 +377,7 @@ def _load(context: SessionContext) -> IntercomState:
             update={
                 "generation": context.generation,
                 "posted_to": 0,
+                "summary_to": 0,
                 "notes": [],
                 "pending_summary": None,
                 "previous_generation": state.generation,
@@ -421,11 +430,14 @@ class IntercomSink:
                     await self._apply_previous_summary(context, state, op)
             elif state.conversation_id is not None:
                 await self._catch_up(context, state)
-                if isinstance(op, SummaryReady):
+                # A summary already there (a re-drive, after a catch-up note held it) is
+                # not posted again; what the context holds beyond it goes up below.
+                if isinstance(op, SummaryReady) and op.seq_to > state.summary_to:
                     await self._apply_summary(context, state, op)
                 await self._post_waiting(context, state, when=op.emitted_at)
             self._done(context.session_id, state, synced=True)
-        except PermanentSinkError:
+        except PermanentSinkError as exc:
+            state.missing = state.missing or isinstance(exc, ConversationMissing)
             self._done(context.session_id, state, synced=False)
             raise
         finally:
@@ -440,7 +452,8 @@ class IntercomSink:
                 await self._catch_up(context, state)
                 await self._post_waiting(context, state, when=time.time())
             self._done(session_id, state, synced=True)
-        except PermanentSinkError:
+        except PermanentSinkError as exc:
+            state.missing = state.missing or isinstance(exc, ConversationMissing)
             self._done(session_id, state, synced=False)
             raise
         finally:
@@ -465,7 +478,7 @@ class IntercomSink:
             )
         state.conversation_id = target
         state.notes = []
-        state.posted_to = 0
+        state.posted_to = state.summary_to = 0
         state.pending_summary = None
 
     def _done(self, session_id: str, state: IntercomState, *, synced: bool) -> None:
@@ -487,7 +500,8 @@ class IntercomSink:
     async def _catch_up(self, context: SessionContext, state: IntercomState) -> None:
         """Reconcile if our bookkeeping may be stale; finish redactions left over."""
         sid = context.session_id
-        if sid in self._dirty or self._trusted.get(sid) != (state.conversation_id, state.rev):
+        stale = self._trusted.get(sid) != (state.conversation_id, state.rev)
+        if sid in self._dirty or stale or state.missing:
             await self._reconcile(context, state)
         await self._redact_pending(state)
 
@@ -506,6 +520,7 @@ class IntercomSink:
         self._retire_covered(state, op.seq_to, keep=pending.part_id)
         await self._redact_pending(state)
         state.pending_summary = None
+        state.summary_to = max(state.summary_to, op.seq_to)
 
     async def _apply_previous_summary(
         self, context: SessionContext, state: IntercomState, op: SummaryReady
@@ -566,6 +581,8 @@ class IntercomSink:
             kind, seq_from = "actions", batches[0].seq_from
         seq_to = batches[-1].seq_to if batches else context.summary_to
         await self._post(context, state, kind, seq_from, seq_to, "\n\n".join(texts), when=when)
+        if summary_waiting:
+            state.summary_to = max(state.summary_to, context.summary_to)
 
     # -- destination calls ---------------------------------------------------------
 
@@ -647,7 +664,7 @@ class IntercomSink:
         first = self._missing_since.setdefault(conversation_id, time.monotonic())
         if time.monotonic() - first < self.api.settings.not_found_grace_s:
             raise TransientHTTPError(f"Intercom conversation {conversation_id} not found (yet)")
-        raise PermanentSinkError(f"Intercom conversation {conversation_id} not found")
+        raise ConversationMissing(f"Intercom conversation {conversation_id} not found")
 
     @staticmethod
     def _retire_covered(state: IntercomState, seq_to: int, *, keep: str | None) -> None:
@@ -691,6 +708,7 @@ class IntercomSink:
             parts, complete = await self.api.conversation(conversation_id)
         except ConversationNotFound:
             self._not_found(conversation_id)
+        self._missing_since.pop(conversation_id, None)
         ref, generation = session_ref(sid), context.generation
         found: list[Note] = []
         duplicates: list[Note] = []
@@ -724,7 +742,13 @@ class IntercomSink:
         )
         before = {n.part_id for n in state.notes}
         state.notes = elsewhere + unseen + found
-        state.posted_to = max([state.posted_to, *(n.seq_to for n in state.notes)])
+        # Once the conversation was missing, only its notes say what reached it.
+        known = 0 if state.missing else state.posted_to
+        state.posted_to = max([known, *(n.seq_to for n in state.notes)])
+        if state.missing:
+            tops = [n.seq_to for n in state.notes if n.kind == "summary"]
+            state.summary_to = max(tops, default=0)
+        state.missing = False
         for dup in duplicates:  # e.g. from a worker that lost its partition mid-post
             state.to_redact.append(Redaction(part_id=dup.part_id, conversation_id=conversation_id))
         # A summary note that is there covers every older note, whatever our copy says.

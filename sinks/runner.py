@@ -5,14 +5,21 @@ sessions proceed concurrently. Each operation is retried until the destination
 takes it (a refused one is dead-lettered), and the session's context, with the
 high-water marks that make redeliveries no-ops, is saved before the event is
 acknowledged.
+
+Dead letters of this sink come back on its own re-drive topic
+(``redrive.sink-<name>``, fed by ``agent-context dead-letters redrive``), into
+the same lanes: a refused operation is applied again once, other sinks never
+see it twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -27,7 +34,7 @@ from tenacity import (
 
 from schemas import ActionsWritten, InvalidMessage, SessionLink, context_operation_adapter, decode
 from sinks.base import ContextSink, LinkAwareSink, Operation, PermanentSinkError
-from sinks.context import SessionContext, Skip
+from sinks.context import REFUSED_KEPT, SessionContext, Skip, refused_key
 from sinks.context_store import ContextStore
 from streams import changelog, metrics
 from streams.app import ContextApp
@@ -35,7 +42,7 @@ from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
 from streams.tables import session_keyed_table
-from streams.topics import Topics
+from streams.topics import Topics, declare_topic, redrive_topic
 
 __all__ = ["pull_view", "register"]
 
@@ -44,8 +51,28 @@ log = logging.getLogger(__name__)
 FIRST_RETRY_DELAY_S = 0.2
 RETRY_MAX_WAIT_S = 30.0
 
+
+@dataclass(frozen=True)
+class Redriven:
+    """A dead letter of this sink sent back (the original operation or link)."""
+
+    item: Operation | SessionLink
+
+    @property
+    def session_id(self) -> str:
+        return self.item.session_id
+
+
 # (an ``InOrderAcks`` ticket for the event, the decoded message)
-LaneItem = tuple[Any, "Operation | SessionLink"]
+LaneItem = tuple[Any, "Operation | SessionLink | Redriven"]
+
+
+def _decode_redriven(raw: bytes | None) -> Redriven:
+    """A context operation, or a link: what this sink's dead letters hold."""
+    try:
+        return Redriven(_decode(raw))
+    except InvalidMessage:
+        return Redriven(decode(SessionLink, raw))
 
 
 def _decode(raw: bytes | None) -> Operation:
@@ -140,24 +167,43 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             with attempt:
                 await call()
 
+    def for_redrive(before: SessionContext, op: Operation) -> SessionContext:
+        """The context to apply a re-driven ``op`` with: the current one, the op no
+        longer listed as refused. Raises :class:`Skip` unless it was refused (a re-drive
+        replayed after it succeeded, or of an operation that was never refused)."""
+        key = refused_key(op)
+        if key not in before.refused:
+            raise Skip(f"{key} is not refused")
+        return before.model_copy(
+            update={
+                "refused": [k for k in before.refused if k != key],
+                "extra": copy.deepcopy(before.extra),  # the sink may change it
+            }
+        )
+
     async def apply_operation(
-        session_id: str, message: Message, op: Operation
+        session_id: str, message: Message, op: Operation, *, redriven: bool = False
     ) -> changelog.Written:
         before = store.load(session_id)
         try:
-            context = before.advanced(op)
+            context = for_redrive(before, op) if redriven else before.advanced(op)
         except Skip:
             metrics.REPLAYS_SKIPPED.labels(f"sink-{sink.name}").inc()
             return []
-        outcome = "applied"
+        outcome = "redriven" if redriven else "applied"
         lanes.mark(session_id, f"delivering {op.op}")
         try:
             await deliver(lambda: sink.apply(op, context))
         except PermanentSinkError as exc:
             outcome = "refused"
             await dead_letters.write(message, f"{sink.name} refused {op.op}: {exc}")
+            # Remembered, so that a re-drive applies it again past the high-water marks.
+            refused = [k for k in before.refused if k != refused_key(op)] + [refused_key(op)]
+            context.refused = refused[-REFUSED_KEPT:]
         written = store.save(before, context)
         count_operation(op.op, outcome)
+        if redriven:
+            return written
         end_to_end.observe(max(time.time() - op.emitted_at, 0.0))
         if outcome == "applied" and isinstance(op, ActionsWritten):
             applied_at = time.time()
@@ -183,10 +229,16 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
 
     async def handle(session_id: str, item: LaneItem) -> None:
         tracked, decoded = item
+        redriven = isinstance(decoded, Redriven)
+        if isinstance(decoded, Redriven):
+            decoded = decoded.item
         if isinstance(decoded, SessionLink):
-            written = await apply_link(session_id, tracked.message, decoded)
+            if isinstance(sink, LinkAwareSink):
+                written = await apply_link(session_id, tracked.message, decoded)
+            else:
+                written = []  # a link re-driven to a sink that takes none
         else:
-            written = await apply_operation(session_id, tracked.message, decoded)
+            written = await apply_operation(session_id, tracked.message, decoded, redriven=redriven)
         lanes.mark(session_id, "waiting for its changelog records")
         await changelog.confirm(written)  # the context is durable ...
         await acks.done(tracked)  # ... only now may Faust commit past this offset
@@ -210,6 +262,16 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             await feed_lanes(
                 links, lanes, acks, lambda raw: decode(SessionLink, raw), dead_letters.write
             )
+
+    redrive_name = redrive_topic(f"sink-{sink.name}")
+    app.own_topics.append(redrive_name)
+    redriven = BatchSource(
+        app, declare_topic(app, settings, redrive_name), max_buffered=settings.batch_buffer
+    )
+
+    @app.task
+    async def run_redriven() -> None:
+        await feed_lanes(redriven, lanes, acks, _decode_redriven, dead_letters.write)
 
     @app.page("/sessions/{session_id}/context")
     @app.table_route(table=contexts, match_info="session_id")

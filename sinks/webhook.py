@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 from typing import Any
 
 import httpx
@@ -33,6 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sinks.base import Operation, PermanentSinkError
 from sinks.context import SessionContext
 from sinks.http_retry import RateLimitGate, describe, quiet_httpx_logging, scrub, send
+from streams import signing
 from streams.settings import Settings, from_environment
 
 __all__ = ["WebhookSettings", "WebhookSink", "idempotency_key", "sign"]
@@ -75,7 +75,7 @@ def idempotency_key(op: Operation) -> str:
 
 def sign(body: bytes, secret: str) -> str:
     """The ``X-Connector-Signature`` value for ``body``."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return signing.sign(secret, body)
 
 
 class WebhookSink:

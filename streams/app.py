@@ -51,6 +51,8 @@ class ContextApp(faust.App):
         self._mounts: list[tuple[str, Callable[[], aiohttp.web.Application]]] = []
         self._lanes: list[Lanes[Any]] = []
         self._stopping = False
+        # Topics of this worker alone (a sink's re-drive topic), created with the others.
+        self.own_topics: list[str] = []
 
     async def produce(
         self, topic: str, key: bytes, value: bytes | None, partition: int | None = None
@@ -202,7 +204,7 @@ class ContextApp(faust.App):
         stalls.time_gc_pauses()
         self.add_future(stalls.watch_event_loop())
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
-        await ensure_topics(self.settings)
+        await ensure_topics(self.settings, self.own_topics)
         await super().on_first_start()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, Self, runtime_checkable
 
@@ -21,9 +22,9 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel
 
-from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode, encode
+from schemas import ActionsPayload, DeadLetter, InvalidMessage, SessionLink, decode, encode
 from streams.settings import Settings
-from streams.topics import ACTIONS, DEAD_LETTERS, MESSAGE_MAX_BYTES
+from streams.topics import ACTIONS, DEAD_LETTERS, LINKS, MESSAGE_MAX_BYTES
 
 __all__ = [
     "ActionsProducer",
@@ -65,7 +66,7 @@ def dead_letter_writer(target: DeadLetterTarget) -> Callable[[DeadLetter], Await
 
 
 class ActionsProducer:
-    """Validating, acknowledged producer for the ``actions`` (and ``dead-letters``) topics.
+    """Validating, acknowledged producer for the ``actions`` (``links``, ``dead-letters``) topics.
 
     The Kafka connection is made on :meth:`start` or lazily on the first send, and
     retried on the next send if it failed: an ingest process can come up while
@@ -78,6 +79,7 @@ class ActionsProducer:
         *,
         actions_topic: str = ACTIONS,
         dead_letters_topic: str = DEAD_LETTERS,
+        links_topic: str = LINKS,
         linger_ms: int = 5,
         request_timeout_ms: int = 10_000,
         ack_timeout_s: float = 10.0,
@@ -87,6 +89,7 @@ class ActionsProducer:
             raise ValueError(f"ack_timeout_s must be > 0, got {ack_timeout_s!r}")
         self.actions_topic = actions_topic
         self.dead_letters_topic = dead_letters_topic
+        self.links_topic = links_topic
         self._bootstrap = bootstrap_servers
         self._linger_ms = linger_ms
         self._request_timeout_ms = request_timeout_ms
@@ -102,6 +105,7 @@ class ActionsProducer:
             settings.kafka_bootstrap_servers,
             actions_topic=settings.topic(ACTIONS),
             dead_letters_topic=settings.topic(DEAD_LETTERS),
+            links_topic=settings.topic(LINKS),
             **options,
         )
 
@@ -158,6 +162,25 @@ class ActionsProducer:
     async def add_raw(self, key: str | None, value: bytes) -> RecordMetadata:
         """Produce already validated bytes to the ``actions`` topic, keyed by ``key``."""
         return await self._send(self.actions_topic, key, value)
+
+    async def link(
+        self, session_id: str, conversation_id: str, *, linked_at: float | None = None
+    ) -> RecordMetadata:
+        """Tie a session to a conversation (the ``links`` topic, keyed by session).
+
+        Raises :class:`schemas.InvalidMessage` for an empty id (nothing is produced)
+        and :class:`ProduceError` if the broker does not acknowledge it in time.
+        """
+        when = time.time() if linked_at is None else linked_at
+        raw = orjson.dumps(
+            {"session_id": session_id, "conversation_id": conversation_id, "linked_at": when}
+        )
+        link = decode(SessionLink, raw)  # raises InvalidMessage with a readable reason
+        return await self._send(self.links_topic, link.session_id, raw)
+
+    async def send_raw(self, topic: str, key: str | None, value: bytes) -> RecordMetadata:
+        """Produce bytes to ``topic`` (a full name), acknowledged: for re-drives."""
+        return await self._send(topic, key, value)
 
     async def dead_letter(self, letter: DeadLetter) -> RecordMetadata:
         """Produce a dead letter and wait for the acknowledgement."""

@@ -4,6 +4,7 @@ same partition count, so a session lives on one partition everywhere."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,10 @@ __all__ = [
     "MESSAGE_MAX_BYTES",
     "TOPIC_NAMES",
     "Topics",
+    "declare_topic",
     "declare_topics",
     "ensure_topics",
+    "redrive_topic",
 ]
 
 # The largest message the service produces to its own topics: the broker's
@@ -42,6 +45,13 @@ TOPIC_NAMES = (ACTIONS, SUMMARIZE, CONTEXT, DEAD_LETTERS, LINKS)
 
 log = logging.getLogger(__name__)
 
+
+def redrive_topic(stage: str) -> str:
+    """Where ``agent-context dead-letters redrive`` sends the letters of a sink's stage
+    (``sink-<name>``): only that sink's worker reads it, so no other sink sees them again."""
+    return f"redrive.{stage}"
+
+
 _TOPIC_CONFIG = 1  # DescribeConfigs config_source: set on the topic itself
 
 
@@ -54,25 +64,26 @@ class Topics:
     links: faust.TopicT
 
 
+def declare_topic(app: faust.App, settings: Settings, name: str) -> faust.TopicT:
+    """A raw-bytes topic: our agents decode themselves, so bad input can be dead-lettered."""
+    return app.topic(
+        settings.topic(name),
+        partitions=settings.partitions,
+        key_type=str,
+        value_type=bytes,
+        value_serializer="raw",
+        key_serializer="raw",
+    )
+
+
 def declare_topics(app: faust.App, settings: Settings) -> Topics:
-    """Raw-bytes topics: our agents decode themselves, so bad input can be dead-lettered."""
-
-    def topic(name: str) -> faust.TopicT:
-        return app.topic(
-            settings.topic(name),
-            partitions=settings.partitions,
-            key_type=str,
-            value_type=bytes,
-            value_serializer="raw",
-            key_serializer="raw",
-        )
-
-    return Topics(*(topic(name) for name in TOPIC_NAMES))
+    return Topics(*(declare_topic(app, settings, name) for name in TOPIC_NAMES))
 
 
-async def ensure_topics(settings: Settings) -> None:
-    """Create the service's topics if missing (auto-creation is off on our brokers), and
-    give an existing dead-letter topic the message limit a new one gets."""
+async def ensure_topics(settings: Settings, extra: Iterable[str] = ()) -> None:
+    """Create the service's topics (and ``extra`` names, before the prefix) if missing
+    (auto-creation is off on our brokers), and give an existing dead-letter topic the
+    message limit a new one gets."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
@@ -86,7 +97,7 @@ async def ensure_topics(settings: Settings) -> None:
                     {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)} if n == DEAD_LETTERS else {}
                 ),
             )
-            for n in TOPIC_NAMES
+            for n in dict.fromkeys([*TOPIC_NAMES, *extra])
             if settings.topic(n) not in existing
         ]
         if missing:

@@ -28,6 +28,7 @@ from schemas import DeadLetter, encode
 from streams.settings import Settings
 from streams.synthetic import interleaved_payloads, plan_sessions
 from streams.topics import ensure_topics
+from tests.support.cli import cli, cli_command
 from tests.support.kafka_io import delete_topics_at_the_end
 from tests.support.pipeline import expected_summary_ranges, pull_view, settings_from
 from tests.support.waiting import wait_for
@@ -68,28 +69,6 @@ async def deployment(
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def cli_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agents.cli", *args]
-
-
-async def cli(
-    env: dict[str, str], *args: str, stdin: bytes | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    done = await asyncio.to_thread(
-        subprocess.run,
-        cli_command(*args),
-        cwd=ROOT,
-        env={**os.environ, **env},
-        input=stdin.decode() if stdin is not None else None,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
 
 
 async def read_topic(settings: Settings, name: str) -> list[Any]:
