@@ -15,6 +15,7 @@ from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.support.pipeline import Pipeline, expected_summary_ranges, produce
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, Worker
+from tests.test_cli import cli
 
 NEEDLE, TENANT = "needle-session", "tenant-b"
 PHRASE = "Configured the Zendesk webhook signing secret"
@@ -121,3 +122,10 @@ async def test_200_sessions_each_current_summary_once_search_and_enrich(
             f"/sessions/{NEEDLE}/enrich", params={"q": query, "product_id": "prod_demo"}
         )
         assert hidden.json()["text"] == query  # another tenant's session: no context
+
+    # The same from a shell.
+    found_cli = await cli(env, "search", "zendesk webhook secret", "--url", sink.url,
+                          "--product-id", TENANT)  # fmt: skip
+    assert found_cli.returncode == 0 and NEEDLE in found_cli.stdout.splitlines()[0]
+    enriched_cli = await cli(env, "search", query, "--session", NEEDLE, "--url", sink.url)
+    assert enriched_cli.stdout.rstrip("\n") == text
