@@ -150,3 +150,11 @@ def test_enrich_is_the_sdk_format_with_only_the_actions_after_the_summary() -> N
     assert ours == sdk.enrich("e", "How do I add a team member?")
     assert "opened billing" not in ours  # summarised: never twice
     assert enrich_text(SessionContext(session_id="none"), "q") == "q"
+
+
+async def test_sinks_run_the_sdk_hooks_at_setup_and_aclose(tmp_path: Path) -> None:
+    vector_callables.HOOKS.clear()
+    sdk_module = load_sink("tests.support.vector_callables", Settings(data_dir=tmp_path))
+    await sdk_module.setup()  # type: ignore[attr-defined]
+    await sdk_module.aclose()  # type: ignore[attr-defined]
+    assert vector_callables.HOOKS == [("connect",), ("disconnect", "stopped")]

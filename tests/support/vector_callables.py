@@ -15,3 +15,22 @@ def embed(text: str) -> list[float]:  # sync, as the SDK allows
 
 async def upsert(id: str, vector: list[float], meta: dict[str, Any]) -> None:
     INDEX[id] = (vector, meta)
+
+
+HOOKS: list[tuple[str, ...]] = []
+
+
+def write_actions(session_id: str, text: str) -> None:
+    pass
+
+
+def overwrite_with_summary(session_id: str, summary: str) -> None:
+    pass
+
+
+def on_connect() -> None:
+    HOOKS.append(("connect",))
+
+
+async def on_disconnect(reason: str) -> None:
+    HOOKS.append(("disconnect", reason))
