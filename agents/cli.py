@@ -3,6 +3,8 @@
     agent-context produce-sample --sessions 50 --mean-length 40
     agent-context produce-file payloads.jsonl
     agent-context context SESSION_ID --url http://127.0.0.1:6067
+    agent-context search "exported a CSV" --product-id prod_demo --url http://127.0.0.1:6068
+    agent-context search "how do I export?" --session SESSION_ID  (the enriched query)
     agent-context tail --session SESSION_ID
     agent-context dead-letters list --limit 20
     agent-context dead-letters redrive --dry-run
@@ -507,6 +509,52 @@ def context(
         typer.echo(orjson.dumps(view, option=orjson.OPT_INDENT_2).decode())
         return
     typer.echo(render_context(view))
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What to look for (or the agent's question).")],
+    url: Annotated[
+        str, typer.Option(envvar="AC_VECTOR_URL", help="The vector sink worker's web address.")
+    ] = DEFAULT_CONTEXT_URL,
+    product_id: Annotated[str | None, typer.Option(help="Only this product's sessions.")] = None,
+    k: Annotated[int, typer.Option(min=1, max=100, help="How many sessions.")] = 5,
+    session: Annotated[
+        str | None, typer.Option("--session", "-s", help="Enrich the query with this session.")
+    ] = None,
+    related: Annotated[int, typer.Option(min=0, max=20, help="With --session.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+) -> None:
+    """Search current summaries (vector sink), or enrich a query with a session's context."""
+    params: dict[str, Any] = {"q": query}
+    if product_id:
+        params["product_id"] = product_id
+    if session:
+        address = f"{url.rstrip('/')}/sessions/{quote(session, safe='')}/enrich"
+        params["related"] = related
+    else:
+        address, params["k"] = f"{url.rstrip('/')}/search", k
+    try:
+        response = httpx.get(address, params=params, timeout=30.0, follow_redirects=True)
+    except httpx.HTTPError as exc:
+        raise fail(
+            f"cannot reach the vector sink at {url} ({type(exc).__name__});"
+            " is `AC_SINK=vector faust -A sinks.app worker` running there?"
+        ) from None
+    if response.status_code != 200:
+        raise fail(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
+    body = response.json()
+    if as_json:
+        typer.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+    elif session:
+        typer.echo(body["text"])
+    else:
+        for hit in body["results"] or []:
+            covers = hit["seq_range"]
+            typer.echo(
+                f"{hit['score']:.3f}  {hit['session_id']}  actions {covers[0]}-{covers[1]}"
+                f"  {hit['summary']}"
+            )
 
 
 def render_context(view: dict[str, Any]) -> str:

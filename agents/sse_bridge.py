@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
 from streams import metrics
+from streams.hooks import Hook, fire, load_callable
 from streams.producer import (
     ActionsProducer,
     DeadLetterTarget,
@@ -69,6 +70,9 @@ class BridgeSettings(BaseSettings):
     connect_timeout_s: float = Field(default=10.0, gt=0)
     initial_backoff_s: float = Field(default=1.0, gt=0)
     max_backoff_s: float = Field(default=30.0, gt=0)
+    # Dotted paths of the SDK's ``on_connect()`` / ``on_disconnect(reason)`` callables.
+    on_connect: str | None = None
+    on_disconnect: str | None = None
 
 
 def _redact(url: str) -> str:
@@ -91,6 +95,8 @@ class SSEBridge:
         initial_backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
         dead_letters: DeadLetterTarget | None = None,
+        on_connect: Hook | None = None,
+        on_disconnect: Hook | None = None,
     ) -> None:
         if initial_backoff_s <= 0 or max_backoff_s < initial_backoff_s:
             raise ValueError("need 0 < initial_backoff_s <= max_backoff_s")
@@ -106,6 +112,7 @@ class SSEBridge:
         )
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
+        self._on_connect, self._on_disconnect = on_connect, on_disconnect
         self._stopping = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
         self._dispatching = False
@@ -128,6 +135,8 @@ class SSEBridge:
             connect_timeout_s=settings.connect_timeout_s,
             initial_backoff_s=settings.initial_backoff_s,
             max_backoff_s=settings.max_backoff_s,
+            on_connect=load_callable(settings.on_connect, "AC_SSE_ON_CONNECT"),
+            on_disconnect=load_callable(settings.on_disconnect, "AC_SSE_ON_DISCONNECT"),
             **options,
         )
 
@@ -150,8 +159,10 @@ class SSEBridge:
         try:
             async with httpx.AsyncClient(timeout=self._timeout, trust_env=False) as http:
                 while not self._stopping.is_set():
-                    delivered_before = self.delivered
+                    delivered_before, connected_before = self.delivered, self.connections
                     cause = await self._one_connection(http)
+                    if self.connections > connected_before:  # a drop, not a failed attempt
+                        await fire(self._on_disconnect, "on_disconnect", cause)
                     if self._stopping.is_set():
                         break
                     # A connection that delivered something resets the backoff;
@@ -208,6 +219,7 @@ class SSEBridge:
                 raise _RetryableStatus(f"HTTP {status}")
             self.connections += 1
             log.info("sse: connected to %s", self._safe_url)
+            await fire(self._on_connect, "on_connect")
             async for sse in source.aiter_sse():
                 self._dispatching = True
                 try:

@@ -15,7 +15,7 @@ stamp=".venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)"
 if [[ ! -f $stamp ]]; then
   echo "[setup] installing the project and its test tools into .venv (about a minute the first time)"
   .venv/bin/python -m pip install --disable-pip-version-check -q -U pip
-  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar on -q -e '.[test,rocksdb]'
+  .venv/bin/python -m pip install --disable-pip-version-check --progress-bar on -q -e '.[test,rocksdb,vector]'
   rm -f .venv/.installed-*
   touch "$stamp"
 else

@@ -16,8 +16,17 @@ from typing import Any, Protocol, runtime_checkable
 from schemas import ActionsWritten, SummaryReady
 from schemas.text import printable
 from sinks.context import SessionContext
+from streams.hooks import Hook, fire
 
-__all__ = ["CallbackSink", "ContextSink", "LinkAwareSink", "PermanentSinkError"]
+__all__ = [
+    "CallbackSink",
+    "ContextSink",
+    "LifecycleSink",
+    "LinkAwareSink",
+    "PermanentSinkError",
+    "start_sink",
+    "stop_sink",
+]
 
 Operation = ActionsWritten | SummaryReady
 
@@ -48,6 +57,26 @@ class LinkAwareSink(ContextSink, Protocol):
         ...
 
 
+@runtime_checkable
+class LifecycleSink(Protocol):
+    """Optional for any sink: ``setup()`` before its first operation (open clients, load
+    models), ``aclose()`` after its last one, on a stop. The runner calls both."""
+
+    async def setup(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def start_sink(sink: object) -> None:
+    if callable(setup := getattr(sink, "setup", None)):
+        await setup()
+
+
+async def stop_sink(sink: object) -> None:
+    if callable(aclose := getattr(sink, "aclose", None)):
+        await aclose()
+
+
 async def _call(fn: Callable[..., Any], *args: Any) -> None:
     result = fn(*args)
     if inspect.isawaitable(result):
@@ -63,10 +92,19 @@ class CallbackSink:
         overwrite_with_summary: Callable[[str, str], Awaitable[None] | None],
         *,
         name: str = "callbacks",
+        on_connect: Hook | None = None,
+        on_disconnect: Hook | None = None,
     ) -> None:
         self.name = name
         self._write_actions = write_actions
         self._overwrite_with_summary = overwrite_with_summary
+        self._on_connect, self._on_disconnect = on_connect, on_disconnect
+
+    async def setup(self) -> None:
+        await fire(self._on_connect, f"sink {self.name} on_connect")
+
+    async def aclose(self) -> None:
+        await fire(self._on_disconnect, f"sink {self.name} on_disconnect", "stopped")
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         if isinstance(op, ActionsWritten):

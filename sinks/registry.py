@@ -27,6 +27,7 @@ BUILTIN = {
     "null": "sinks.null:NullSink",
     "intercom": "sinks.intercom:IntercomSink",
     "webhook": "sinks.webhook:WebhookSink",
+    "vector": "sinks.vector:VectorSink",
 }
 
 
@@ -75,7 +76,11 @@ def load_sink(spec: str, settings: Settings) -> ContextSink:
     overwrite = getattr(sink, "overwrite_with_summary", None)
     if callable(overwrite):
         return CallbackSink(
-            getattr(sink, "write_actions", None), overwrite, name=_default_name(spec)
+            getattr(sink, "write_actions", None),
+            overwrite,
+            name=_default_name(spec),
+            on_connect=getattr(sink, "on_connect", None),  # the SDK's hooks, when defined
+            on_disconnect=getattr(sink, "on_disconnect", None),
         )
     raise ConfigurationError(
         f"AC_SINK={spec!r} is neither a sink (apply) nor write_actions/overwrite_with_summary"

@@ -33,7 +33,14 @@ from tenacity import (
 )
 
 from schemas import ActionsWritten, InvalidMessage, SessionLink, context_operation_adapter, decode
-from sinks.base import ContextSink, LinkAwareSink, Operation, PermanentSinkError
+from sinks.base import (
+    ContextSink,
+    LinkAwareSink,
+    Operation,
+    PermanentSinkError,
+    start_sink,
+    stop_sink,
+)
 from sinks.context import REFUSED_KEPT, SessionContext, Skip, refused_key
 from sinks.context_store import ContextStore
 from streams import changelog, metrics
@@ -249,9 +256,16 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
     app.manage_lanes(lanes, f"sink-{sink.name}")
 
     operations = BatchSource(app, topics.context, max_buffered=settings.batch_buffer)
+    started = asyncio.Event()  # the sink's setup() ran: operations may flow
 
     @app.task
     async def run_sink() -> None:
+        try:
+            await start_sink(sink)
+        except Exception as exc:  # a sink that cannot start must not consume
+            await app.crash_on_lane_error(f"(setup of sink {sink.name})", exc)
+        app.at_shutdown(lambda: stop_sink(sink))
+        started.set()
         await feed_lanes(operations, lanes, acks, _decode, dead_letters.write)
 
     if isinstance(sink, LinkAwareSink):
@@ -259,6 +273,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
 
         @app.task
         async def run_links() -> None:
+            await started.wait()
             await feed_lanes(
                 links, lanes, acks, lambda raw: decode(SessionLink, raw), dead_letters.write
             )
@@ -281,4 +296,6 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
             return web.json({"error": f"no context for session {session_id!r}"}, status=404)
         return web.json(pull_view(store.load(session_id)))
 
+    if callable(add_routes := getattr(sink, "add_routes", None)):
+        add_routes(app, contexts, store.load)  # e.g. the vector sink's search and enrich
     return contexts

@@ -53,6 +53,7 @@ class ContextApp(faust.App):
         self._stopping = False
         # Topics of this worker alone (a sink's re-drive topic), created with the others.
         self.own_topics: list[str] = []
+        self._shutdown_hooks: list[Callable[[], Awaitable[None]]] = []
 
     async def produce(
         self, topic: str, key: bytes, value: bytes | None, partition: int | None = None
@@ -136,6 +137,18 @@ class ContextApp(faust.App):
     async def on_stop(self) -> None:
         self._stopping = True
         await super().on_stop()
+
+    def at_shutdown(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run ``hook`` once the consumer and the agents have stopped (a sink's aclose)."""
+        self._shutdown_hooks.append(hook)
+
+    async def on_shutdown(self) -> None:
+        for hook in self._shutdown_hooks:
+            try:
+                await hook()
+            except Exception:
+                log.exception("shutdown hook %r raised", hook)
+        await super().on_shutdown()
 
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
         """Faust's wait for messages in progress, bounded by ``stop_grace_s`` on a stop.

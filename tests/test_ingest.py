@@ -574,6 +574,47 @@ async def test_bridge_reconnects_after_the_server_drops_the_connection(
     assert bridge.connections >= 2
 
 
+async def test_bridge_hooks_fire_once_per_connection_and_per_drop_in_order(
+    settings: Settings, producer: ActionsProducer
+) -> None:
+    # Two drops, then a held stream: connect/drop twice, connect, and "stopped" at the end.
+    batches = [[actions_event("h-1")], [actions_event("h-2")], [actions_event("h-3")]]
+    server = SSEServer(
+        [
+            send_then_drop([frame(e) for e in batches[0]]),
+            send_then_drop([frame(e) for e in batches[1]]),
+            send_then_hold([frame(e) for e in batches[2]]),
+        ]
+    )
+    events: list[tuple[str, ...]] = []
+
+    def on_connect() -> None:  # the SDK's hook takes no argument
+        events.append(("connect",))
+
+    async def on_disconnect(reason: str) -> None:  # ours may take the reason, async too
+        events.append(("disconnect", reason))
+        raise RuntimeError("a hook that raises does not stop the bridge")
+
+    async with server.running() as url:
+        bridge = SSEBridge(
+            producer,
+            url=url,
+            token=TOKEN,
+            initial_backoff_s=0.05,
+            on_connect=on_connect,
+            on_disconnect=on_disconnect,
+        )
+        async with running_bridge(bridge):
+            await read_topic(settings, "actions", 3)
+            await wait_for(lambda: len(events) >= 5, message=lambda: str(events))
+    kinds = [e[0] for e in events]
+    assert kinds == ["connect", "disconnect"] * 3, events
+    reasons = [e[1] for e in events if e[0] == "disconnect"]
+    assert all(r and r != "stopped" for r in reasons[:2]), reasons
+    assert reasons[2] == "stopped"
+    assert bridge.connections == 3 == server.connections
+
+
 async def test_bridge_401_is_fatal_without_retrying(producer: ActionsProducer) -> None:
     server = SSEServer([answer(401)])
     async with server.running() as url:
