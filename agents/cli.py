@@ -485,11 +485,16 @@ def context(
         typer.Option(envvar="AC_CONTEXT_URL", help="A sink worker's web address."),
     ] = DEFAULT_CONTEXT_URL,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="AC_API_TOKEN", help="The workers' API token, if they require one."),
+    ] = None,
 ) -> None:
     """Show a session's current context, as a sink worker's pull view has it."""
     address = f"{url.rstrip('/')}/sessions/{quote(session_id, safe='')}/context"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = httpx.get(address, timeout=10.0, follow_redirects=True)
+        response = httpx.get(address, timeout=10.0, follow_redirects=True, headers=headers)
     except httpx.HTTPError as exc:
         raise fail(
             f"cannot reach a sink worker at {url} ({type(exc).__name__});"
@@ -497,6 +502,8 @@ def context(
         ) from None
     if response.status_code == 404:
         raise fail(f"no context for session {session_id!r} at {url}")
+    if response.status_code == 401:
+        raise fail(f"{url} wants the API token: set AC_API_TOKEN (or --token)")
     if response.status_code != 200:
         raise fail(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
     try:

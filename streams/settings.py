@@ -19,6 +19,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -70,8 +71,13 @@ class Settings(BaseSettings):
     rocksdb_write_buffer_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
     rocksdb_block_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     data_dir: Path = Path(".agent-context")
-    web_host: str = "127.0.0.1"
+    web_host: str = "127.0.0.1"  # the address the web server binds (and names itself by)
     web_port: int = 6066
+    # A bearer token every endpoint that returns or changes session data requires (the
+    # pull view, search, enrich); /healthz stays open, /metrics too unless told.
+    api_token: SecretStr | None = None
+    metrics_require_token: bool = False
+    allow_unauthenticated: bool = False  # serve session data beyond loopback with no token
     # Faust runs its Kafka consumer in a thread of its own; here it shares the worker's
     # event loop unless this is true (streams/main_loop_consumer.py says why).
     consumer_thread: bool = False
@@ -136,6 +142,19 @@ class Settings(BaseSettings):
             raise ValueError(f"AC_THRESHOLD must be >= 1 (actions per summary), got {value}")
         return value
 
+    @model_validator(mode="after")
+    def _no_open_data_beyond_this_machine(self) -> Settings:
+        # Checked at start: a worker bound beyond loopback with no token would hand any
+        # session's actions (emails included) to whoever reaches the port.
+        loopback = self.web_host in ("localhost", "::1") or self.web_host.startswith("127.")
+        if not loopback and self.api_token is None and not self.allow_unauthenticated:
+            raise ValueError(
+                f"AC_WEB_HOST={self.web_host} serves session data beyond this machine: set "
+                "AC_API_TOKEN (clients send it as a bearer token), or "
+                "AC_ALLOW_UNAUTHENTICATED=true"
+            )
+        return self
+
     @field_validator("prompt_file")
     @classmethod
     def _a_readable_file(cls, value: Path | None) -> Path | None:
@@ -195,7 +214,9 @@ def from_environment(cls: type[S], prefix: str = "AC_") -> S:
             name = field_name if field_name.startswith(prefix) else prefix + field_name
             missing = item["type"] == "missing"
             reason = "required (set it in the environment)" if missing else item["msg"]
-            problems.append(f"invalid setting {name}: {reason.removeprefix('Value error, ')}")
+            reason = reason.removeprefix("Value error, ")
+            # A rule across settings has no one field: its message names them.
+            problems.append(f"invalid setting {name}: {reason}" if field_name else reason)
         raise ConfigurationError("\n".join(problems)) from None
 
 
