@@ -122,6 +122,11 @@ class Settings(BaseSettings):
     prompt_file: Path | None = None
     format_actions: str | None = None  # dotted path to (list[ActionsPayload]) -> str
     summary_max_chars: int = Field(default=1500, ge=50)
+    # USD per million prompt and completion tokens, per model, as JSON:
+    # {"gpt-4o-mini": [0.15, 0.6]} (agents/costs.py).
+    llm_prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    llm_daily_token_budget: int = Field(default=0, ge=0)  # per product and UTC day; 0: none
+    llm_product_budgets: dict[str, int] = Field(default_factory=dict)  # {"product": tokens}
     max_in_flight_requests: int = Field(default=2000, ge=1)
     # Records a worker buffers per input topic before pausing fetching (streams/batch_source.py).
     batch_buffer: int = Field(default=4096, ge=1)
