@@ -24,7 +24,7 @@ app = create_app(settings, role="pipeline")
 topics = declare_topics(app, settings)
 sessions = accumulate.register(app, topics)
 summaries = summarize.register(app, topics, summarizer)
-add_operational_pages(app)
+add_operational_pages(app, settings)
 register_lag(app)
 ingest_settings = optional_ingest_settings()  # AC_INGEST_SECRET or AC_INGEST_ALLOW_UNSIGNED
 if ingest_settings is not None:

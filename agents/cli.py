@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
@@ -55,6 +55,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from agents.costs import CostReport
 from schemas import (
     ActionsPayload,
     ActionsWritten,
@@ -487,11 +488,16 @@ def context(
         typer.Option(envvar="AC_CONTEXT_URL", help="A sink worker's web address."),
     ] = DEFAULT_CONTEXT_URL,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="AC_API_TOKEN", help="The workers' API token, if they require one."),
+    ] = None,
 ) -> None:
     """Show a session's current context, as a sink worker's pull view has it."""
     address = f"{url.rstrip('/')}/sessions/{quote(session_id, safe='')}/context"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        response = httpx.get(address, timeout=10.0, follow_redirects=True)
+        response = httpx.get(address, timeout=10.0, follow_redirects=True, headers=headers)
     except httpx.HTTPError as exc:
         raise fail(
             f"cannot reach a sink worker at {url} ({type(exc).__name__});"
@@ -499,6 +505,8 @@ def context(
         ) from None
     if response.status_code == 404:
         raise fail(f"no context for session {session_id!r} at {url}")
+    if response.status_code == 401:
+        raise fail(f"{url} wants the API token: set AC_API_TOKEN (or --token)")
     if response.status_code != 200:
         raise fail(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
     try:
@@ -640,6 +648,53 @@ def tail(
             await consumer.stop()
 
     run(settings, main())
+
+
+@app.command()
+def costs(
+    since: Annotated[
+        str | None, typer.Option(help="From this UTC time (ISO 8601, e.g. 2026-12-01T00:00).")
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="Until this UTC time (ISO 8601).")] = None,
+    sessions: Annotated[int, typer.Option(min=0, help="Show the N costliest sessions.")] = 10,
+    bootstrap: Bootstrap = None,
+) -> None:
+    """LLM tokens and cost per product and per session, from the summaries on `context`."""
+    settings = settings_for(bootstrap)
+    topic = settings.topic(CONTEXT)
+    window = [parse_utc(t) if t else None for t in (since, until)]
+
+    async def main() -> CostReport:
+        report = CostReport()
+        consumer = consumer_for(settings)
+        await consumer.start()
+        try:
+            tps = await partitions_of(settings, topic)
+            begins, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+            async for record in read_between(consumer, {tp: (begins[tp], ends[tp]) for tp in tps}):
+                at = record.timestamp / 1000
+                if (window[0] and at < window[0]) or (window[1] and at >= window[1]):
+                    continue
+                try:
+                    op = context_operation_adapter.validate_json(record.value or b"")
+                except ValueError:  # not an operation: `tail` shows those
+                    continue
+                if isinstance(op, SummaryReady) and op.usage is not None:
+                    report.add(op.product_id, op.session_id, op.usage)
+        finally:
+            await consumer.stop()
+        return report
+
+    for line in run(settings, main()).lines(sessions):
+        typer.echo(line)
+
+
+def parse_utc(text: str) -> float:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise fail(f"not an ISO 8601 time: {text!r} (e.g. 2026-12-01T00:00)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 # --------------------------------------------------------------------------- dead letters

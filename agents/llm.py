@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Final, cast
 
@@ -22,13 +23,16 @@ import openai
 from streams.settings import Settings
 
 __all__ = [
+    "Completion",
     "LLMCallable",
     "LLMError",
     "OpenAIChat",
+    "Usage",
     "llm_session",
     "load_llm_callable",
     "openai_llm",
     "parse_retry_after",
+    "usage_of",
 ]
 
 # The session a summarize call is for, so LLM failures can be logged with it
@@ -49,6 +53,31 @@ SYSTEM_MESSAGE: Final = (
 
 # Long provider error bodies are cut so a log line stays a line.
 _MAX_DETAIL_CHARS: Final = 300
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens one LLM answer cost, as the provider reported them."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Completion(str):
+    """An LLM answer that carries its :class:`Usage`: a ``str`` wherever one is expected
+    (an ``AC_LLM_CALLABLE`` may return one too, to have its tokens counted)."""
+
+    usage: Usage | None
+
+    def __new__(cls, text: str, usage: Usage | None) -> Completion:
+        answer = super().__new__(cls, text)
+        answer.usage = usage
+        return answer
+
+
+def usage_of(answer: str) -> Usage | None:
+    return getattr(answer, "usage", None)
 
 
 class LLMError(Exception):
@@ -164,7 +193,13 @@ class OpenAIChat:
         text = (content or "").strip()
         if not text:
             raise LLMError("empty answer", retryable=True, kind="empty")
-        return text
+        used = completion.usage
+        usage = (
+            Usage(completion.model or self._model, used.prompt_tokens, used.completion_tokens)
+            if used is not None
+            else None
+        )
+        return Completion(text, usage)
 
     def _redact(self, text: str) -> str:
         if self._secret:

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 from faust.types import Message, TableT
 
-from agents.llm import LLMError, llm_session
+from agents.costs import Accounting
+from agents.llm import LLMError, llm_session, usage_of
 from agents.offline import offline_summary
 from agents.prompting import cap_summary
 from agents.summarizers import Summarizer
@@ -136,6 +137,9 @@ def _conversation_id(payloads: list[ActionsPayload]) -> str | None:
 def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[str, bytes]:
     settings = app.settings
     table = session_table(app, "summaries")
+    accounting = Accounting(
+        settings.llm_prices, settings.llm_daily_token_budget, settings.llm_product_budgets
+    )
     dead_letters = DeadLetterWriter(topics.dead_letters, stage="summarize")
     context_topic = topics.context.get_topic_name()
 
@@ -164,6 +168,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         )
 
     async def emit_summary(request: SummarizeRequest, state: SummaryState, text: str) -> None:
+        usage = accounting.record(request.product_id, usage_of(text))
         payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
         op = SummaryReady(
             session_id=request.session_id,
@@ -177,6 +182,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             final=request.final,
             emitted_at=time.time(),
             ledger=request.ledger,
+            usage=usage,
         )
         await (await app.append(context_topic, request.session_id.encode(), encode(op)))
 
@@ -220,6 +226,8 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
         if not payloads:  # a close right after a summary: that summary becomes the final
             return state.summary
+        if accounting.over_budget(request.product_id):  # logged once a day per product
+            return offline_fold(state.summary, payloads, request.seq_to, settings.summary_max_chars)
         lanes.mark(request.session_id, "summarizing (LLM)")
         llm_session.set(request.session_id)  # for the LLM's failure log lines
         try:
@@ -252,7 +260,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         if text is not None:
             lanes.mark(session_id, "emitting its summary")
             await emit_summary(request, state, text)
-            state.summary, state.covered_to = text, request.seq_to
+            state.summary, state.covered_to = str(text), request.seq_to
             state.carry, state.carry_from = [], None
             metrics.SUMMARIES.labels("final" if request.final else "rolling").inc()
         state.requested_to = max(state.requested_to, request.seq_to)

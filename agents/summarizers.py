@@ -12,7 +12,14 @@ import importlib
 import logging
 from typing import Any, Protocol
 
-from agents.llm import LLMCallable, LLMError, load_llm_callable, openai_llm
+from agents.llm import (
+    Completion,
+    LLMCallable,
+    LLMError,
+    load_llm_callable,
+    openai_llm,
+    usage_of,
+)
 from agents.offline import offline_summary
 from agents.prompting import (
     DEFAULT_PROMPT,
@@ -84,7 +91,8 @@ class LLMSummarizer:
         self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
     ) -> str:
         prompt = build_prompt(self._template, previous, payloads, self._formatter)
-        return cap_summary(await self.llm(prompt), self._max_chars)
+        answer = await self.llm(prompt)
+        return Completion(cap_summary(answer, self._max_chars), usage_of(answer))
 
 
 def _import(dotted: str) -> Any:

@@ -10,6 +10,7 @@ from schemas.operations import (
     SessionLink,
     SummarizeRequest,
     SummaryReady,
+    SummaryUsage,
     context_operation_adapter,
 )
 
@@ -24,6 +25,7 @@ __all__ = [
     "SlimAction",
     "SummarizeRequest",
     "SummaryReady",
+    "SummaryUsage",
     "context_operation_adapter",
     "decode",
     "encode",

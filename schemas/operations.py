@@ -21,6 +21,7 @@ __all__ = [
     "SessionLink",
     "SummarizeRequest",
     "SummaryReady",
+    "SummaryUsage",
     "context_operation_adapter",
 ]
 
@@ -98,6 +99,15 @@ class ActionsWritten(SeqRange):
     ingested_at: float = 0.0  # the input record's Kafka timestamp (0: not known)
 
 
+class SummaryUsage(BaseModel):
+    """What the LLM call behind a summary cost (None: the offline summarizer wrote it)."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None = None  # None: no price for the model in AC_LLM_PRICES
+
+
 class SummaryReady(SeqRange):
     """A rolling summary that replaces every raw batch inside its range.
 
@@ -114,6 +124,7 @@ class SummaryReady(SeqRange):
     final: bool = False
     emitted_at: float
     ledger: SessionLedger | None = None  # the session's facts up to seq_to
+    usage: SummaryUsage | None = None
 
 
 ContextOperation = Annotated[ActionsWritten | SummaryReady, Field(discriminator="op")]

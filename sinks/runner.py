@@ -50,6 +50,7 @@ from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
 from streams.tables import session_keyed_table
 from streams.topics import Topics, declare_topic, redrive_topic
+from streams.web import unauthorized
 
 __all__ = ["pull_view", "register"]
 
@@ -292,6 +293,8 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
     @app.table_route(table=contexts, match_info="session_id")
     async def session_context(web: View, request: Request, session_id: str) -> Response:
         """The pull view: like the SDK's ContextStore, without summarised actions twice."""
+        if (refused := unauthorized(web, request, settings.api_token)) is not None:
+            return refused
         if contexts.get(session_id) is None:
             return web.json({"error": f"no context for session {session_id!r}"}, status=404)
         return web.json(pull_view(store.load(session_id)))

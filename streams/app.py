@@ -278,6 +278,11 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         broker_session_timeout=settings.broker_session_timeout_s,
         table_standby_replicas=0,
         web_host=settings.web_host,
+        # Faust binds 0.0.0.0 by default whatever web_host says, and serves its table
+        # browser (/table/<name>/<key>/: sessions' actions) to anyone who can reach it.
+        web_bind=settings.web_host,
+        web_tables_enabled=False,
+        web_router_enabled=False,
         web_port=settings.web_port,
         web_in_thread=False,
     )

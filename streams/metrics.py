@@ -31,6 +31,17 @@ DEAD_LETTERS = Counter(
     "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]
 )
 SUMMARIES = Counter("ac_summaries_total", "Summaries emitted", ["outcome"])
+LLM_TOKENS = Counter(
+    "ac_llm_tokens_total", "LLM tokens as reported by the provider", ["product", "model", "kind"]
+)
+LLM_COST = Counter(
+    "ac_llm_cost_usd_total", "LLM cost from AC_LLM_PRICES, in US dollars", ["product", "model"]
+)
+SUMMARIES_OVER_BUDGET = Counter(
+    "ac_summaries_over_budget_total",
+    "Summaries written offline because their product spent its daily LLM token budget",
+    ["product"],
+)
 SUMMARY_CHAIN_BREAKS = Counter(
     "ac_summary_chain_breaks_total",
     "Summarize requests that did not start right after their generation's previous one "

@@ -19,6 +19,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -70,8 +71,13 @@ class Settings(BaseSettings):
     rocksdb_write_buffer_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
     rocksdb_block_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     data_dir: Path = Path(".agent-context")
-    web_host: str = "127.0.0.1"
+    web_host: str = "127.0.0.1"  # the address the web server binds (and names itself by)
     web_port: int = 6066
+    # A bearer token every endpoint that returns or changes session data requires (the
+    # pull view, search, enrich); /healthz stays open, /metrics too unless told.
+    api_token: SecretStr | None = None
+    metrics_require_token: bool = False
+    allow_unauthenticated: bool = False  # serve session data beyond loopback with no token
     # Faust runs its Kafka consumer in a thread of its own; here it shares the worker's
     # event loop unless this is true (streams/main_loop_consumer.py says why).
     consumer_thread: bool = False
@@ -116,6 +122,11 @@ class Settings(BaseSettings):
     prompt_file: Path | None = None
     format_actions: str | None = None  # dotted path to (list[ActionsPayload]) -> str
     summary_max_chars: int = Field(default=1500, ge=50)
+    # USD per million prompt and completion tokens, per model, as JSON:
+    # {"gpt-4o-mini": [0.15, 0.6]} (agents/costs.py).
+    llm_prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    llm_daily_token_budget: int = Field(default=0, ge=0)  # per product and UTC day; 0: none
+    llm_product_budgets: dict[str, int] = Field(default_factory=dict)  # {"product": tokens}
     max_in_flight_requests: int = Field(default=2000, ge=1)
     # Records a worker buffers per input topic before pausing fetching (streams/batch_source.py).
     batch_buffer: int = Field(default=4096, ge=1)
@@ -135,6 +146,19 @@ class Settings(BaseSettings):
         if value < 1:
             raise ValueError(f"AC_THRESHOLD must be >= 1 (actions per summary), got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _no_open_data_beyond_this_machine(self) -> Settings:
+        # Checked at start: a worker bound beyond loopback with no token would hand any
+        # session's actions (emails included) to whoever reaches the port.
+        loopback = self.web_host in ("localhost", "::1") or self.web_host.startswith("127.")
+        if not loopback and self.api_token is None and not self.allow_unauthenticated:
+            raise ValueError(
+                f"AC_WEB_HOST={self.web_host} serves session data beyond this machine: set "
+                "AC_API_TOKEN (clients send it as a bearer token), or "
+                "AC_ALLOW_UNAUTHENTICATED=true"
+            )
+        return self
 
     @field_validator("prompt_file")
     @classmethod
@@ -195,7 +219,9 @@ def from_environment(cls: type[S], prefix: str = "AC_") -> S:
             name = field_name if field_name.startswith(prefix) else prefix + field_name
             missing = item["type"] == "missing"
             reason = "required (set it in the environment)" if missing else item["msg"]
-            problems.append(f"invalid setting {name}: {reason.removeprefix('Value error, ')}")
+            reason = reason.removeprefix("Value error, ")
+            # A rule across settings has no one field: its message names them.
+            problems.append(f"invalid setting {name}: {reason}" if field_name else reason)
         raise ConfigurationError("\n".join(problems)) from None
 
 
