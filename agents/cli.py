@@ -532,8 +532,13 @@ def search(
     ] = None,
     related: Annotated[int, typer.Option(min=0, max=20, help="With --session.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="AC_API_TOKEN", help="The workers' API token, if they require one."),
+    ] = None,
 ) -> None:
     """Search current summaries (vector sink), or enrich a query with a session's context."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     params: dict[str, Any] = {"q": query}
     if product_id:
         params["product_id"] = product_id
@@ -543,7 +548,9 @@ def search(
     else:
         address, params["k"] = f"{url.rstrip('/')}/search", k
     try:
-        response = httpx.get(address, params=params, timeout=30.0, follow_redirects=True)
+        response = httpx.get(
+            address, params=params, timeout=30.0, follow_redirects=True, headers=headers
+        )
     except httpx.HTTPError as exc:
         raise fail(
             f"cannot reach the vector sink at {url} ({type(exc).__name__});"

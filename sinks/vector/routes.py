@@ -15,6 +15,7 @@ from faust.web import Request, Response, View
 from sinks.context import SessionContext
 from sinks.vector.enrich import enrich_text
 from sinks.vector.store import Hit, Kind
+from streams.web import unauthorized
 
 if TYPE_CHECKING:
     from sinks.vector.sink import VectorSink
@@ -71,8 +72,12 @@ def _hit_json(hit: Hit) -> dict[str, Any]:
 def add_routes(
     app: Any, contexts: Any, load: Callable[[str], SessionContext], sink: VectorSink
 ) -> None:
+    token = app.settings.api_token  # the pull view's access control (README "Access")
+
     @app.page("/search")
     async def search(web: View, request: Request) -> Response:
+        if (refused := unauthorized(web, request, token)) is not None:
+            return refused
         query = request.query.get("q", "").strip()
         if not query:
             return web.json({"error": "q is required"}, status=400)
@@ -92,6 +97,8 @@ def add_routes(
     @app.page("/sessions/{session_id}/enrich")
     @app.table_route(table=contexts, match_info="session_id")
     async def enrich(web: View, request: Request, session_id: str) -> Response:
+        if (refused := unauthorized(web, request, token)) is not None:
+            return refused
         query = request.query.get("q", "")
         product_id = request.query.get("product_id") or None
         related_k = _int(request, "related", sink.related, 20)
