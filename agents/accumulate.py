@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterable
 from typing import cast
 
+import orjson
 from faust.types import Message, TableT
 
 from agents.session_state import (
@@ -34,7 +35,7 @@ from agents.session_state import (
     debounce_due,
     flush_debounce,
 )
-from schemas import ActionsPayload, InvalidMessage, decode
+from schemas import ActionsPayload, EraseRequest, InvalidMessage, SessionErased, decode
 from streams import metrics
 from streams.app import ContextApp
 from streams.batch_source import BatchSource
@@ -171,6 +172,9 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         now = time.time()
         for message in messages:
             writes.track(source, message)
+            if b'"erase"' in (message.value or b"") and (erase := erase_request(message)):
+                emissions.extend(forget(erase, now))
+                continue
             try:
                 payload = decode(ActionsPayload, message.value)
             except InvalidMessage as exc:
@@ -208,6 +212,40 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
                 debouncing.add(sid)
         await emit(emissions)
         await writes.seal()
+
+    def erase_request(message: Message) -> EraseRequest | None:
+        try:
+            data = orjson.loads(message.value or b"")
+        except orjson.JSONDecodeError:
+            return None  # decode() says why, below
+        if not isinstance(data, dict) or data.get("type") != "erase":
+            return None  # an actions payload that merely contains the word
+        return EraseRequest.model_validate(data)
+
+    def forget(erase: EraseRequest, now: float) -> list[tuple[str, Emission]]:
+        """Erase a session here: its state and pending batches; tell the later stages."""
+        sid = erase.session_id
+        state = load(sid)
+        if state is not None:
+            store.take(sid, state.first_batch, state.next_batch)  # tombstones on commit
+            store.commit()
+            save(sid, None)
+            debouncing.discard(sid)
+        log.warning(
+            "erased session %s as requested at %s (%s): accumulator state %s",
+            sid,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(erase.requested_at or now)),
+            erase.reason or "no reason given",
+            "deleted" if state is not None else "already gone",
+        )
+        value = (
+            SessionErased(
+                session_id=sid, requested_at=erase.requested_at, reason=erase.reason, emitted_at=now
+            )
+            .model_dump_json()
+            .encode()
+        )
+        return [(sid, Emission("summarize", value)), (sid, Emission("context", value))]
 
     source = BatchSource(app, topics.actions, max_buffered=settings.batch_buffer)
 

@@ -477,6 +477,63 @@ def link(
     )
 
 
+@app.command()
+def erase(
+    session: Annotated[list[str] | None, typer.Option(help="A session to erase.")] = None,
+    user: Annotated[str | None, typer.Option(help="Every session of this user_id.")] = None,
+    email: Annotated[str | None, typer.Option(help="Every session of this email.")] = None,
+    reason: Annotated[str, typer.Option(help="For the audit log (a ticket, not PII).")] = "",
+    bootstrap: Bootstrap = None,
+) -> None:
+    """Erase sessions everywhere: state, summaries, every sink's copy (README "Erasure")."""
+    settings = settings_for(bootstrap)
+    if not (session or user or email):
+        raise fail("name what to erase: --session ID, --user ID or --email ADDRESS")
+
+    async def main() -> list[str]:
+        await ensure_topics(settings)
+        wanted = set(session or [])
+        if user or email:  # whose sessions: the payloads on `actions` say
+            wanted |= await sessions_of(settings, user, email)
+        async with ActionsProducer.from_settings(settings) as producer:
+            for sid in sorted(wanted):
+                await producer.erase(sid, reason=reason)
+        return sorted(wanted)
+
+    erased = run(settings, main())
+    if not erased:
+        raise fail("no session found for that user or email on the actions topic")
+    for sid in erased:
+        typer.echo(f"erase requested: session {sid}")
+
+
+async def sessions_of(settings: Settings, user: str | None, email: str | None) -> set[str]:
+    """The sessions whose payloads (or actions) carry ``user`` or ``email``."""
+    topic = settings.topic(ACTIONS)
+    consumer = consumer_for(settings)
+    await consumer.start()
+    found: set[str] = set()
+    try:
+        tps = await partitions_of(settings, topic)
+        begins, ends = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+        async for record in read_between(consumer, {tp: (begins[tp], ends[tp]) for tp in tps}):
+            try:
+                data = orjson.loads(record.value or b"")
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(data, dict) or not data.get("session_id"):
+                continue
+            people = [data, *(a for a in data.get("actions") or [] if isinstance(a, dict))]
+            if any(
+                (user and p.get("user_id") == user) or (email and p.get("email") == email)
+                for p in people
+            ):
+                found.add(str(data["session_id"]))
+    finally:
+        await consumer.stop()
+    return found
+
+
 # --------------------------------------------------------------------------- reading
 
 

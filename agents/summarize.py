@@ -25,6 +25,7 @@ from agents.summarizers import Summarizer
 from schemas import (
     ActionsPayload,
     DeadLetter,
+    SessionErased,
     SummarizeRequest,
     SummaryReady,
     decode,
@@ -128,6 +129,12 @@ def fold_large_carry(
     state.summary = offline_fold(state.summary, carried, total, max_chars)
     state.carry = []
     return True
+
+
+def decode_request(raw: bytes | None) -> SummarizeRequest | SessionErased:
+    if raw is not None and b'"session_erased"' in raw:
+        return decode(SessionErased, raw)
+    return decode(SummarizeRequest, raw)
 
 
 def _conversation_id(payloads: list[ActionsPayload]) -> str | None:
@@ -248,8 +255,12 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             metrics.SUMMARIES.labels("offline_fallback").inc()
             return offline_fold(state.summary, payloads, request.seq_to, settings.summary_max_chars)
 
-    async def handle(session_id: str, item: tuple[Any, SummarizeRequest]) -> None:
+    async def handle(session_id: str, item: tuple[Any, SummarizeRequest | SessionErased]) -> None:
         ticket, request = item
+        if isinstance(request, SessionErased):  # the summary state goes, whatever it held
+            await changelog.confirm([(table, changelog.write(app, table, session_id, None))])
+            await acks.done(ticket)
+            return
         state = load(session_id, request.generation)
         if state is None or state.replayed(request):
             metrics.REPLAYS_SKIPPED.labels("summarize").inc()
@@ -273,7 +284,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         )
         await acks.done(ticket)  # only now, and in offset order, may Faust commit past it
 
-    lanes: Lanes[tuple[Any, SummarizeRequest]] = Lanes(
+    lanes: Lanes[tuple[Any, SummarizeRequest | SessionErased]] = Lanes(
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
     )
     app.manage_lanes(lanes, "summarize")
@@ -284,9 +295,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
 
     @app.task
     async def summarize() -> None:
-        await feed_lanes(
-            source, lanes, acks, lambda raw: decode(SummarizeRequest, raw), dead_letters.write
-        )
+        await feed_lanes(source, lanes, acks, decode_request, dead_letters.write)
 
     @app.timer(max(settings.idle_timeout_s, 1.0), name="summarize.forget_closed")
     async def forget_closed() -> None:

@@ -17,11 +17,14 @@ from schemas.ledger import SessionLedger
 __all__ = [
     "ActionsWritten",
     "ContextOperation",
+    "EraseRequest",
     "SeqRange",
+    "SessionErased",
     "SessionLink",
     "SummarizeRequest",
     "SummaryReady",
     "SummaryUsage",
+    "context_message_adapter",
     "context_operation_adapter",
 ]
 
@@ -130,6 +133,34 @@ class SummaryReady(SeqRange):
 ContextOperation = Annotated[ActionsWritten | SummaryReady, Field(discriminator="op")]
 context_operation_adapter: TypeAdapter[ActionsWritten | SummaryReady] = TypeAdapter(
     ContextOperation
+)
+
+
+class EraseRequest(BaseModel):
+    """On ``actions``, keyed by the session: forget it everywhere (``agent-context erase``).
+
+    Keyed like the session's data, so it comes after everything produced for it.
+    """
+
+    type: Literal["erase"] = "erase"
+    session_id: str = Field(min_length=1)
+    requested_at: float = 0.0
+    reason: str = ""  # e.g. a ticket number; never personal data (it goes to the logs)
+
+
+class SessionErased(BaseModel):
+    """On ``summarize`` and ``context``: the session was erased; each stage forgets it."""
+
+    op: Literal["session_erased"] = "session_erased"
+    session_id: str
+    requested_at: float = 0.0
+    reason: str = ""
+    emitted_at: float
+
+
+ContextMessage = Annotated[ActionsWritten | SummaryReady | SessionErased, Field(discriminator="op")]
+context_message_adapter: TypeAdapter[ActionsWritten | SummaryReady | SessionErased] = TypeAdapter(
+    ContextMessage
 )
 
 

@@ -21,9 +21,11 @@ from streams.hooks import Hook, fire
 __all__ = [
     "CallbackSink",
     "ContextSink",
+    "ErasingSink",
     "LifecycleSink",
     "LinkAwareSink",
     "PermanentSinkError",
+    "erase_at_destination",
     "start_sink",
     "stop_sink",
 ]
@@ -72,6 +74,19 @@ async def start_sink(sink: object) -> None:
         await setup()
 
 
+@runtime_checkable
+class ErasingSink(Protocol):
+    """Optional for any sink: remove everything it delivered for a session (an erasure
+    request, ``agent-context erase``). Without it the runner only forgets the context."""
+
+    async def erase(self, session_id: str, context: SessionContext) -> None: ...
+
+
+async def erase_at_destination(sink: object, context: SessionContext) -> None:
+    if callable(erase := getattr(sink, "erase", None)):
+        await erase(context.session_id, context)
+
+
 async def stop_sink(sink: object) -> None:
     if callable(aclose := getattr(sink, "aclose", None)):
         await aclose()
@@ -105,6 +120,10 @@ class CallbackSink:
 
     async def aclose(self) -> None:
         await fire(self._on_disconnect, f"sink {self.name} on_disconnect", "stopped")
+
+    async def erase(self, session_id: str, context: SessionContext) -> None:
+        # The SDK's destinations have no delete: an empty context replaces everything.
+        await _call(self._overwrite_with_summary, session_id, "")
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         if isinstance(op, ActionsWritten):

@@ -120,6 +120,17 @@ class ContextStore:
             self._remember(after)
         return written
 
+    def erase(self, context: SessionContext) -> changelog.Written:
+        """Tombstones for the session's header and each of its batches: nothing stays."""
+        sid = context.session_id
+        written: changelog.Written = [
+            (self._table, changelog.write(self._app, self._table, batch_key(sid, b.seq_from), None))
+            for b in context.batches
+        ]
+        written.append((self._table, changelog.write(self._app, self._table, sid, None)))
+        self._cache.pop(sid, None)
+        return written
+
 
 def _changed_batches(
     before: SessionContext, after: SessionContext

@@ -49,6 +49,9 @@ class FilesSink:
     def from_settings(cls, settings: Settings) -> FilesSink:
         return cls(settings.files_dir)
 
+    async def erase(self, session_id: str, context: SessionContext) -> None:
+        await asyncio.to_thread(context_file(self.directory, session_id).unlink, missing_ok=True)
+
     async def apply(self, op: Operation, context: SessionContext) -> None:
         path = context_file(self.directory, context.session_id)
         await asyncio.to_thread(_write_atomically, path, context.render())

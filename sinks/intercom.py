@@ -462,6 +462,29 @@ class IntercomSink:
     async def aclose(self) -> None:
         await self.api.aclose()
 
+    async def erase(self, session_id: str, context: SessionContext) -> None:
+        """Redact every note this sink posted for the session, in every generation: the
+        conversation itself is read for them, not only our bookkeeping."""
+        state = _load(context)
+        ref = session_ref(session_id)
+        targets = {(n.conversation_id, n.part_id) for n in state.notes + state.previous_notes}
+        targets |= {(r.conversation_id, r.part_id) for r in state.to_redact}
+        if state.conversation_id is not None:
+            try:
+                parts, _ = await self.api.conversation(state.conversation_id)
+            except ConversationNotFound:
+                parts = []  # gone already: nothing of the session left there
+            for part in parts:
+                marker = parse_note(part.get("body"))
+                if marker is not None and marker.ref == ref and not part.get("redacted"):
+                    targets.add((state.conversation_id, str(part.get("id"))))
+        state.to_redact = [Redaction(part_id=p, conversation_id=c) for c, p in sorted(targets)]
+        state.notes, state.previous_notes = [], []
+        try:
+            await self._redact_pending(state)
+        finally:
+            _store(context, state)  # what is left is retried with the erasure
+
     # -- steps ------------------------------------------------------------------
 
     def _follow_link(self, session_id: str, state: IntercomState) -> None:

@@ -120,11 +120,22 @@ class WebhookSink:
         return body
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
-        raw = orjson.dumps(self.body(op, context))
+        await self._post(self.body(op, context), idempotency_key(op))
+
+    async def erase(self, session_id: str, context: SessionContext) -> None:
+        """Tell the receiver to delete what it holds of the session (``session_erased``)."""
+        identity = orjson.dumps(["session_erased", session_id, context.generation])
+        key = hashlib.sha256(identity).hexdigest()
+        body: dict[str, Any] = {"type": "session_erased", "idempotency_key": key}
+        body["operation"] = {"op": "session_erased", "session_id": session_id}
+        await self._post(body, key)
+
+    async def _post(self, body: dict[str, Any], key: str) -> None:
+        raw = orjson.dumps(body)
         headers = {
             "Content-Type": "application/json",
             SIGNATURE_HEADER: sign(raw, self._secret),
-            "Idempotency-Key": idempotency_key(op),
+            "Idempotency-Key": key,
         }
         url = str(self.settings.url)
         if self._slots is None:

@@ -22,7 +22,15 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel
 
-from schemas import ActionsPayload, DeadLetter, InvalidMessage, SessionLink, decode, encode
+from schemas import (
+    ActionsPayload,
+    DeadLetter,
+    EraseRequest,
+    InvalidMessage,
+    SessionLink,
+    decode,
+    encode,
+)
 from streams.settings import Settings
 from streams.topics import ACTIONS, DEAD_LETTERS, LINKS, MESSAGE_MAX_BYTES
 
@@ -177,6 +185,12 @@ class ActionsProducer:
         )
         link = decode(SessionLink, raw)  # raises InvalidMessage with a readable reason
         return await self._send(self.links_topic, link.session_id, raw)
+
+    async def erase(self, session_id: str, *, reason: str = "") -> RecordMetadata:
+        """Ask every stage to forget a session (an erase request on ``actions``, keyed by
+        the session, so it comes after everything produced for it before)."""
+        request = EraseRequest(session_id=session_id, requested_at=time.time(), reason=reason)
+        return await self._send(self.actions_topic, session_id, request.model_dump_json().encode())
 
     async def send_raw(self, topic: str, key: str | None, value: bytes) -> RecordMetadata:
         """Produce bytes to ``topic`` (a full name), acknowledged: for re-drives."""

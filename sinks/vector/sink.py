@@ -116,6 +116,23 @@ class VectorSink:
 
     # ------------------------------------------------------------------ operations
 
+    async def erase(self, session_id: str, context: SessionContext) -> None:
+        """Every record this sink holds for the session goes (superseded: never returned)."""
+        book: dict[str, Any] = context.extra.get(BOOK, {})
+        refs = [
+            ref
+            for key, gen in book.items()
+            if key.isdigit()
+            for ref in [gen["summary"], *gen["batches"]]
+            if ref
+        ]
+        stale = [VectorRecord(id=r["id"], text=r.get("text", ""), meta=r["meta"]) for r in refs]
+        if stale and getattr(self.store, "needs_vectors_to_supersede", False):
+            for item, vector in zip(stale, await self.embed([r.text for r in stale]), strict=True):
+                item.vector = vector
+        if stale:
+            await self.store.supersede(stale)
+
     async def apply(self, op: Operation, context: SessionContext) -> None:
         book: dict[str, Any] = context.extra.setdefault(BOOK, {})
         if op.product_id:

@@ -96,10 +96,13 @@ async def produce_payloads(env: dict[str, str], payloads: Iterable[dict[str, Any
     await produce_raw(env, ((str(p["session_id"]).encode(), orjson.dumps(p)) for p in payloads))
 
 
-async def read_topic(env: dict[str, str], name: str, *, timeout: float = 60.0) -> list[Record]:
-    """Everything in topic ``name`` now, in partition then offset order."""
+async def read_topic(
+    env: dict[str, str], name: str, *, timeout: float = 60.0, prefixed: bool = True
+) -> list[Record]:
+    """Everything in topic ``name`` now, in partition then offset order (``prefixed``:
+    under ``AC_TOPIC_PREFIX``; a changelog topic is named by its app instead)."""
     settings = settings_for(env)
-    topic = settings.topic(name)
+    topic = settings.topic(name) if prefixed else name
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.kafka_bootstrap_servers,
         enable_auto_commit=False,

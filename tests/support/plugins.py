@@ -41,6 +41,10 @@ class RecordingSink:
     def from_settings(cls, settings: Settings) -> RecordingSink:
         return cls(Path(os.environ["AC_RECORD_FILE"]))
 
+    async def erase(self, session_id: str, context: SessionContext) -> None:
+        with self.path.open("ab") as handle:
+            handle.write(orjson.dumps({"op": "session_erased", "session_id": session_id}) + b"\n")
+
     async def apply(self, op: Operation, context: SessionContext) -> None:
         with self.path.open("ab") as handle:
             handle.write(orjson.dumps(op.model_dump(mode="json", exclude={"payload"})) + b"\n")
