@@ -311,12 +311,12 @@ async def test_a_session_back_while_its_final_summary_is_in_the_llm(
         assert not re.search(r"^\[\d+\] .* — https://", text, re.M), "a raw line outlived its visit"
 
 
-async def test_history_survives_a_restart_onto_a_backlog_and_an_llm_outage(
+async def test_history_survives_a_restart_onto_a_backlog_a_rebalance_and_an_llm_outage(
     worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
 ) -> None:
-    """A pipeline worker killed and restarted onto a backlog, longer after the last
-    summary than twice the idle timeout; an LLM outage whose actions were carried
-    forward. Each session's final summary still states all of it."""
+    """A pipeline worker killed and replaced by two onto a backlog (a rebalance shares
+    it out), longer after the last summary than twice the idle timeout; an LLM outage
+    whose actions were carried forward. Each session's final summary states all of it."""
     env = {**FAST_REBALANCE, "AC_LLM_RETRY_BUDGET_S": "1", "AC_LLM_RETRY_MAX_WAIT_S": "0.2"}
     async with FakeOpenAIServer(reply=counting_reply) as llm:
         pipe = Pipeline(llm_env(worker_env, llm, **env), tmp_path, workers)
@@ -345,8 +345,10 @@ async def test_history_survives_a_restart_onto_a_backlog_and_an_llm_outage(
         backlog = [Session("outage", [(0.0, 10)]), Session("restart", [(0.0, 5)])]
         await play_all(pipe.env, backlog)
         await asyncio.sleep(IDLE_S * 2.5)  # the scenario: down for longer than 2x idle
-        second_pipeline = pipe.start_pipeline()
-        await second_pipeline.wait_ready()
+        # Two workers come back at once: the backlog is shared out by a rebalance, and
+        # every close below happens after it, on whichever worker got the session.
+        replacements = [pipe.start_pipeline(), pipe.start_pipeline()]
+        await asyncio.gather(*(w.wait_ready() for w in replacements))
 
         restart.generations = [restart.generations[0] + backlog[1].generations[0]]
         outage.generations = [
@@ -356,7 +358,8 @@ async def test_history_survives_a_restart_onto_a_backlog_and_an_llm_outage(
         for s in (restart, outage):
             check_visit(s.sid, views[s.sid], s.generations[0])
         check_every_summary_states_its_range(pipe)
-        assert metric(await scrape(second_pipeline.url), "ac_summary_chain_breaks_total") == 0
+        for worker in replacements:
+            assert metric(await scrape(worker.url), "ac_summary_chain_breaks_total") == 0
 
 
 async def summarised_to(sink: Worker, sid: str, n: int) -> bool:
