@@ -537,6 +537,37 @@ async def sessions_of(settings: Settings, user: str | None, email: str | None) -
 # --------------------------------------------------------------------------- reading
 
 
+ApiToken = Annotated[
+    str | None,
+    typer.Option(envvar="AC_API_TOKEN", help="The workers' API token, if they require one."),
+]
+
+
+def get_json(
+    url: str, address: str, params: dict[str, Any], token: str | None, worker: str, missing: str
+) -> Any:
+    """GET a worker's JSON endpoint; every way it can fail is one line naming what to do."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        response = httpx.get(
+            address, params=params, timeout=30.0, follow_redirects=True, headers=headers
+        )
+    except httpx.HTTPError as exc:
+        raise fail(
+            f"cannot reach {url} ({type(exc).__name__}); is {worker} running there?"
+        ) from None
+    if response.status_code == 404:
+        raise fail(f"{missing} at {url}")
+    if response.status_code == 401:
+        raise fail(f"{url} wants the API token: set AC_API_TOKEN (or --token)")
+    if response.status_code != 200:
+        raise fail(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
+    try:
+        return response.json()
+    except ValueError:
+        raise fail(f"{url} did not answer JSON: {response.text[:200]}") from None
+
+
 @app.command()
 def context(
     session_id: Annotated[str, typer.Argument(help="The session to show.")],
@@ -545,31 +576,18 @@ def context(
         typer.Option(envvar="AC_CONTEXT_URL", help="A sink worker's web address."),
     ] = DEFAULT_CONTEXT_URL,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
-    token: Annotated[
-        str | None,
-        typer.Option(envvar="AC_API_TOKEN", help="The workers' API token, if they require one."),
-    ] = None,
+    token: ApiToken = None,
 ) -> None:
     """Show a session's current context, as a sink worker's pull view has it."""
     address = f"{url.rstrip('/')}/sessions/{quote(session_id, safe='')}/context"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        response = httpx.get(address, timeout=10.0, follow_redirects=True, headers=headers)
-    except httpx.HTTPError as exc:
-        raise fail(
-            f"cannot reach a sink worker at {url} ({type(exc).__name__});"
-            " is `faust -A sinks.app worker` running there?"
-        ) from None
-    if response.status_code == 404:
-        raise fail(f"no context for session {session_id!r} at {url}")
-    if response.status_code == 401:
-        raise fail(f"{url} wants the API token: set AC_API_TOKEN (or --token)")
-    if response.status_code != 200:
-        raise fail(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
-    try:
-        view = response.json()
-    except ValueError:
-        raise fail(f"{url} did not answer JSON: {response.text[:200]}") from None
+    view = get_json(
+        url,
+        address,
+        {},
+        token,
+        "`faust -A sinks.app worker`",
+        f"no context for session {session_id!r}",
+    )
     if as_json:
         typer.echo(orjson.dumps(view, option=orjson.OPT_INDENT_2).decode())
         return
@@ -589,13 +607,9 @@ def search(
     ] = None,
     related: Annotated[int, typer.Option(min=0, max=20, help="With --session.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw JSON.")] = False,
-    token: Annotated[
-        str | None,
-        typer.Option(envvar="AC_API_TOKEN", help="The workers' API token, if they require one."),
-    ] = None,
+    token: ApiToken = None,
 ) -> None:
     """Search current summaries (vector sink), or enrich a query with a session's context."""
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     params: dict[str, Any] = {"q": query}
     if product_id:
         params["product_id"] = product_id
@@ -604,18 +618,8 @@ def search(
         params["related"] = related
     else:
         address, params["k"] = f"{url.rstrip('/')}/search", k
-    try:
-        response = httpx.get(
-            address, params=params, timeout=30.0, follow_redirects=True, headers=headers
-        )
-    except httpx.HTTPError as exc:
-        raise fail(
-            f"cannot reach the vector sink at {url} ({type(exc).__name__});"
-            " is `AC_SINK=vector faust -A sinks.app worker` running there?"
-        ) from None
-    if response.status_code != 200:
-        raise fail(f"{url} answered HTTP {response.status_code}: {response.text[:200]}")
-    body = response.json()
+    worker = "`AC_SINK=vector faust -A sinks.app worker`"
+    body = get_json(url, address, params, token, worker, f"no session {session!r}")
     if as_json:
         typer.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     elif session:

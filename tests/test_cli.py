@@ -197,7 +197,9 @@ async def test_context_reports_what_is_wrong(deployment: Deployment) -> None:
 
     unreachable = await cli(deployment.env, "context", "s", "--url", "http://127.0.0.1:9")
     assert unreachable.returncode == 1
-    assert "cannot reach a sink worker at http://127.0.0.1:9" in unreachable.stderr
+    assert "cannot reach http://127.0.0.1:9 (ConnectError); is `faust -A sinks.app worker`" in (
+        unreachable.stderr
+    )
 
 
 async def test_tail_prints_operations(deployment: Deployment) -> None:
