@@ -25,6 +25,7 @@ from typing import cast
 import orjson
 from faust.types import Message, TableT
 
+from agents.pii import build_pii_filter
 from agents.session_state import (
     Emission,
     Limits,
@@ -123,6 +124,7 @@ class _TableBatches:
 def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
     """Declare the tables, the agent and its timers on ``app``."""
     settings = app.settings
+    pii = build_pii_filter(settings)
     limits = Limits(
         threshold=settings.threshold,
         max_actions_per_batch=settings.max_actions_per_batch,
@@ -130,6 +132,7 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
         debounce_max_ms=settings.debounce_max_ms,
         max_pending_bytes=MESSAGE_MAX_BYTES // 2,
         ledger=settings.ledger_limits(),
+        pii=pii if pii is not None and pii.destinations else None,
     )
     sessions = session_keyed_table(app, "sessions")
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from schemas import ActionsPayload
 from schemas.ledger import LedgerLimits, new_ledger, update_ledger
+
+if TYPE_CHECKING:
+    from agents.pii import PiiFilter
 
 __all__ = [
     "BatchStore",
@@ -109,6 +112,7 @@ class Limits:
     # would exceed this: one summarize request must fit in a broker message.
     max_pending_bytes: int = 512 * 1024
     ledger: LedgerLimits | None = DEFAULT_LEDGER  # None: no ledger (AC_LEDGER=false)
+    pii: PiiFilter | None = None  # AC_PII=llm,destinations: filtered before anything is kept
 
 
 def _chunks(payload: ActionsPayload, size: int) -> list[ActionsPayload]:
@@ -245,6 +249,8 @@ def apply_payload(
         state.product_id = payload.product_id
     if not payload.actions:
         return state, []  # nothing to show an agent; the offset is still recorded
+    if limits.pii is not None:  # before the debounce buffer, the store, the ledger and the text
+        payload = limits.pii.redact([payload], payload.session_id)[0]
     if limits.debounce_ms <= 0:
         return state, _write_batch(state, payload, limits, now, store)
     out = flush_debounce(state, limits, now, store) if debounce_due(state, limits, now) else []

@@ -21,6 +21,7 @@ from agents.llm import (
     usage_of,
 )
 from agents.offline import offline_summary
+from agents.pii import PiiFilter, build_pii_filter
 from agents.prompting import (
     DEFAULT_PROMPT,
     ActionsFormatter,
@@ -81,8 +82,10 @@ class LLMSummarizer:
         template: str,
         formatter: ActionsFormatter,
         max_chars: int,
+        pii: PiiFilter | None = None,
     ) -> None:
         self.llm = llm
+        self._pii = pii
         self._template = template
         self._formatter = formatter
         self._max_chars = max_chars
@@ -90,6 +93,12 @@ class LLMSummarizer:
     async def summarize(
         self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
     ) -> str:
+        if self._pii is not None and payloads:
+            # Before formatting, so a custom formatter sees placeholders too; the previous
+            # summary as well: an offline fold (agents/summarize.py) is made from raw actions.
+            session = payloads[0].session_id
+            payloads = self._pii.redact(payloads, session)
+            previous = self._pii.redact_text(previous, session) if previous else previous
         prompt = build_prompt(self._template, previous, payloads, self._formatter)
         answer = await self.llm(prompt)
         return Completion(cap_summary(answer, self._max_chars), usage_of(answer))
@@ -125,6 +134,7 @@ def build_summarizer(settings: Settings) -> Summarizer:
     """Custom callable > OpenAI-compatible API (when a key is set) > offline."""
     template = _template(settings)  # validated even when unused: fail early, always
     formatter = _formatter(settings)
+    pii = build_pii_filter(settings)  # also checked at start when unused
     if settings.llm_callable:
         try:
             llm = load_llm_callable(settings.llm_callable)
@@ -143,4 +153,5 @@ def build_summarizer(settings: Settings) -> Summarizer:
         template=template,
         formatter=formatter,
         max_chars=settings.summary_max_chars,
+        pii=pii,
     )

@@ -47,6 +47,9 @@ SUMMARY_CHAIN_BREAKS = Counter(
     "Summarize requests that did not start right after their generation's previous one "
     "(the summary was prompted without its predecessor); must stay 0",
 )
+PII_DETECTIONS = Counter(
+    "ac_pii_detections_total", "PII values replaced by placeholders (agents/pii)", ["type"]
+)
 LLM_LATENCY = Histogram(
     "ac_llm_latency_seconds",
     "LLM call latency",

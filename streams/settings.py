@@ -136,6 +136,14 @@ class Settings(BaseSettings):
     # On SIGTERM, how long messages in progress may take before they are left to replay.
     stop_grace_s: float = Field(default=10.0, ge=0)
 
+    # Privacy (agents/pii): where the PII filter applies ("llm", "llm,destinations", "off"),
+    # the key its placeholders are derived from, custom patterns "NAME=regex;...".
+    pii: str = "llm"
+    pii_key: SecretStr | None = None
+    pii_patterns: str = ""
+    pii_phone_region: str = "US"  # for phone numbers written without a country code
+    pii_ner: bool = False  # names and addresses with Microsoft Presidio (the pii-ner extra)
+
     # Sinks
     sink: str = "files"  # a built-in name, an entry point name, or "pkg.mod:factory"
     files_dir: Path = Path(".agent-context/context")
@@ -182,6 +190,40 @@ class Settings(BaseSettings):
             raise ValueError(f"not a regular expression ({exc})") from None
         return value
 
+    @field_validator("pii")
+    @classmethod
+    def _pii_scope(cls, value: str) -> str:
+        parts = {p.strip().lower() for p in value.split(",") if p.strip()}
+        for allowed in ({"llm"}, {"llm", "destinations"}, {"off"}):
+            if parts == allowed:
+                return ",".join(sorted(allowed, key=["llm", "destinations", "off"].index))
+        raise ValueError(f"{value!r}: must be llm, llm,destinations or off")
+
+    @field_validator("pii_key")
+    @classmethod
+    def _pii_key_length(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (it keys the PII placeholders)")
+        return value
+
+    @field_validator("pii_patterns")
+    @classmethod
+    def _pii_patterns_parse(cls, value: str) -> str:
+        _parse_pii_patterns(value)
+        return value
+
+    @field_validator("pii_phone_region")
+    @classmethod
+    def _a_phone_region(cls, value: str) -> str:
+        import phonenumbers
+
+        if value.upper() not in phonenumbers.SUPPORTED_REGIONS:
+            raise ValueError(f"{value!r} is not a region code libphonenumber knows (e.g. US, GB)")
+        return value.upper()
+
+    def pii_pattern_list(self) -> list[tuple[str, re.Pattern[str]]]:
+        return _parse_pii_patterns(self.pii_patterns)
+
     def ledger_limits(self) -> LedgerLimits | None:
         if not self.ledger:
             return None
@@ -204,6 +246,25 @@ class Settings(BaseSettings):
         if self.prompt_file is not None:
             return self.prompt_file.read_text(encoding="utf-8")
         return self.prompt
+
+
+_PII_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+
+
+def _parse_pii_patterns(value: str) -> list[tuple[str, re.Pattern[str]]]:
+    """``NAME=regex;NAME2=regex``: a ``;`` splits only before ``NAME=``, so a regex may hold one."""
+    patterns = []
+    for item in re.split(r";(?=\s*[A-Z][A-Z0-9_]*=)", value.strip()):
+        if not item.strip():
+            continue
+        name, sep, regex = item.strip().partition("=")
+        if not sep or not _PII_NAME.fullmatch(name) or not regex:
+            raise ValueError(f"{item.strip()!r} is not NAME=regex (NAME in capitals)")
+        try:
+            patterns.append((name, re.compile(regex)))
+        except re.error as exc:
+            raise ValueError(f"{name}: not a regular expression ({exc})") from None
+    return patterns
 
 
 def from_environment(cls: type[S], prefix: str = "AC_") -> S:

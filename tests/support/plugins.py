@@ -19,6 +19,18 @@ def format_with_session(payloads: list[ActionsPayload]) -> str:
     return f"Session {payloads[0].session_id}\n{default_format_actions(payloads)}"
 
 
+def format_every_field(payloads: list[ActionsPayload]) -> str:
+    """``format_with_session`` plus every text field (title, raw URL, the user's email), so
+    a test sees in the prompt whatever the PII filter leaves of them."""
+    lines = [f"Session {payloads[0].session_id} (user {payloads[0].email})"]
+    lines += [
+        f"- {a.type}: {a.title} | {a.description} | {a.raw_url}"
+        for p in payloads
+        for a in p.actions
+    ]
+    return "\n".join(lines)
+
+
 def format_with_bug(payloads: list[ActionsPayload]) -> str:
     """``format_with_session`` with a bug: it raises for sessions whose id contains
     ``AC_BUG_MATCH`` while the file ``AC_BUG_FILE`` exists."""

@@ -1,0 +1,189 @@
+"""The PII filter: personal data in actions becomes placeholders before it leaves.
+
+``AC_PII=llm`` (the default) filters what goes into LLM prompts; ``llm,destinations``
+filters at the accumulator, so the context text, the ledger, the stored batches and
+every summary hold placeholders too; ``off`` turns it off.
+
+Placeholders are ``<TYPE_tag>``: the tag is an HMAC of (session, type, canonical value)
+keyed with ``AC_PII_KEY``, six letters. So the same email is the same ``<EMAIL_…>``
+everywhere in a session (the model can still reason about "the same person"), differs
+across sessions, and no mapping exists anywhere: nothing to store, leak or send. The
+tag has no digits, so no later detector mistakes a placeholder for a number. Without
+``AC_PII_KEY`` a random per-process key serves: placeholders then change when a
+session's summaries move to another worker or the worker restarts (a warning says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets as random_secrets
+from collections.abc import Iterable
+from urllib.parse import unquote, unquote_plus
+
+from agents.pii.detectors import BUILT_IN, Detector, Phones, Span, regex_detector
+from schemas import ActionsPayload
+from streams import metrics
+from streams.settings import ConfigurationError, Settings
+
+__all__ = ["FIELD_POLICY", "PiiFilter", "build_pii_filter"]
+
+log = logging.getLogger(__name__)
+
+_PROCESS_KEY = random_secrets.token_bytes(32)
+_TAG_LETTERS = "abcdefghijkmnpqrstuvwxyz"  # no l, o: not read as 1, 0
+PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*_[a-z]{6}>")
+
+# Which fields are filtered, and how: "text" runs every detector; "url" also reads
+# percent-encoded values; a type name replaces the whole field (it is PII by definition).
+FIELD_POLICY: dict[str, str] = {
+    "title": "text",
+    "description": "text",
+    "canonical_url": "url",
+    "raw_url": "url",
+    "user_id": "text",
+    "email": "EMAIL",
+}
+_PAYLOAD_FIELDS = ("user_id", "email")
+_ACTION_FIELDS = tuple(FIELD_POLICY)
+
+# Query-string values whose names look sensitive are replaced whatever they hold.
+_QUERY = re.compile(r"(?<=[?&#])([^=&#?\s]+)=([^&#\s\"'<>]*)")
+_SENSITIVE_NAME = re.compile(
+    r"(?i)token|secret|passw|pwd|e-?mail|session|sessid|^sid$|auth|^code$|_code$|signature"
+    r"|^sig$|credential|otp|phone|ssn|jwt|apikey|(?:^|[_-])key(?:$|[_-])|key$"
+)
+
+
+class PiiFilter:
+    def __init__(
+        self,
+        *,
+        key: bytes,
+        llm: bool = True,
+        destinations: bool = False,
+        detectors: Iterable[tuple[str, Detector]] | None = None,
+    ) -> None:
+        self._key = key
+        self.llm = llm
+        self.destinations = destinations
+        default: list[tuple[str, Detector]] = [*BUILT_IN, ("PHONE", Phones("US"))]
+        self._detectors = list(default if detectors is None else detectors)
+
+    def placeholder(self, kind: str, value: str, session_key: str) -> str:
+        message = f"{session_key}\x1f{kind}\x1f{value}".encode()
+        digest = hmac.new(self._key, message, hashlib.sha256).digest()
+        tag = "".join(_TAG_LETTERS[b % len(_TAG_LETTERS)] for b in digest[:6])
+        return f"<{kind}_{tag}>"
+
+    def _detect(self, text: str, kind: str, detector: Detector, session_key: str) -> str:
+        taken = [(m.start(), m.end()) for m in PLACEHOLDER.finditer(text)]
+        spans: list[Span] = []
+        for start, end, value in sorted(detector(text), key=lambda s: (s[0], -s[1])):
+            if start < end and not any(start < b and a < end for a, b in taken):
+                spans.append((start, end, value))
+                taken.append((start, end))
+        for start, end, value in reversed(spans):
+            metrics.PII_DETECTIONS.labels(kind).inc()
+            text = text[:start] + self.placeholder(kind, value, session_key) + text[end:]
+        return text
+
+    def _query_values(self, text: str, session_key: str) -> str:
+        def replace(m: re.Match[str]) -> str:
+            name, value = m.group(1), m.group(2)
+            if not value or PLACEHOLDER.search(value):
+                return m.group(0)
+            decoded = unquote_plus(value)
+            redacted = self._detectors_on(decoded, session_key)
+            if redacted != decoded:
+                return f"{name}={redacted}"
+            if _SENSITIVE_NAME.search(unquote(name)):
+                metrics.PII_DETECTIONS.labels("TOKEN").inc()
+                return f"{name}={self.placeholder('TOKEN', decoded, session_key)}"
+            return m.group(0)
+
+        return _QUERY.sub(replace, text) if "=" in text else text
+
+    def _detectors_on(self, text: str, session_key: str) -> str:
+        for kind, detector in self._detectors:
+            text = self._detect(text, kind, detector, session_key)
+        return text
+
+    def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:
+        """``text`` with every detection replaced by its placeholder (idempotent)."""
+        if not text:
+            return text
+        if policy not in ("text", "url"):
+            if PLACEHOLDER.fullmatch(text):
+                return text
+            metrics.PII_DETECTIONS.labels(policy).inc()
+            return self.placeholder(policy, text.strip().lower(), session_key)
+        if policy == "url" and "%" in text:
+            decoded = unquote(text)  # an email in a path is often percent-encoded
+            redacted = self.redact_text(decoded, session_key)
+            if redacted != decoded:
+                return redacted
+        return self._detectors_on(self._query_values(text, session_key), session_key)
+
+    def redact(self, payloads: list[ActionsPayload], session_key: str) -> list[ActionsPayload]:
+        """New payloads with every field of :data:`FIELD_POLICY` filtered."""
+        return [self._payload(p, session_key) for p in payloads]
+
+    def _fields(self, obj: object, names: Iterable[str], session_key: str) -> dict[str, str]:
+        update = {}
+        for name in names:
+            value = getattr(obj, name)
+            if value:
+                redacted = self.redact_text(value, session_key, FIELD_POLICY[name])
+                if redacted != value:
+                    update[name] = redacted
+        return update
+
+    def _payload(self, payload: ActionsPayload, session_key: str) -> ActionsPayload:
+        actions = []
+        for action in payload.actions:
+            update = self._fields(action, _ACTION_FIELDS, session_key)
+            actions.append(action.model_copy(update=update) if update else action)
+        changes: dict[str, object] = {"actions": actions}
+        changes.update(self._fields(payload, _PAYLOAD_FIELDS, session_key))
+        return payload.model_copy(update=changes)
+
+
+def _custom_detectors(settings: Settings) -> list[tuple[str, Detector]]:
+    return [(name, regex_detector(pattern)) for name, pattern in settings.pii_pattern_list()]
+
+
+def build_pii_filter(settings: Settings) -> PiiFilter | None:
+    """The filter per ``AC_PII``, or None when it is off; checked at start-up."""
+    if settings.pii == "off":
+        return None
+    detectors: list[tuple[str, Detector]] = [
+        *BUILT_IN,
+        ("PHONE", Phones(settings.pii_phone_region)),
+    ]
+    detectors += _custom_detectors(settings)
+    if settings.pii_ner:
+        from agents.pii.presidio import presidio_detectors
+
+        try:
+            detectors += presidio_detectors()
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"AC_PII_NER needs the 'pii-ner' extra (Microsoft Presidio): {exc}"
+            ) from None
+    if settings.pii_key is None:
+        log.warning(
+            "AC_PII_KEY is not set: PII placeholders use a random key of this process, "
+            "so they change when a session moves to another worker or this one restarts"
+        )
+        key = _PROCESS_KEY
+    else:
+        key = settings.pii_key.get_secret_value().encode()
+    return PiiFilter(
+        key=key,
+        llm=True,
+        destinations="destinations" in settings.pii,
+        detectors=detectors,
+    )

@@ -1,0 +1,175 @@
+"""PII detectors: a candidate regex, then a validation that a bare regex cannot do.
+
+Each detector returns ``(start, end, canonical value)`` spans of one text; the
+canonical value (an email lower-cased, a phone in E.164, a card's digits) is what
+the placeholder is derived from, so one value written two ways gets one placeholder.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Iterator
+
+import phonenumbers
+
+__all__ = ["BUILT_IN", "Detector", "Span", "regex_detector"]
+
+Span = tuple[int, int, str]
+Detector = Callable[[str], Iterator[Span]]
+
+# Every character RFC 5322 allows in a local part: "/users/ann@x.io" in a path is
+# redacted whole, the price of never leaving "ann/b" of "ann/b@x.io" behind.
+_EMAIL = re.compile(
+    r"(?<![\w.+-])[\w!#$%&'*+/=?^`{|}~-]+(?:\.[\w!#$%&'*+/=?^`{|}~-]+)*"
+    r"@((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+(?:[A-Za-z]{2,63}|xn--[A-Za-z0-9-]+))\b"
+)
+
+
+def emails(text: str) -> Iterator[Span]:
+    for m in _EMAIL.finditer(text):
+        local = m.group(0)[: m.start(1) - m.start() - 1]
+        if len(local) <= 64 and len(m.group(0)) <= 254:
+            yield m.start(), m.end(), m.group(0).lower()
+
+
+# Long enough to be a payment card; separators are single spaces or dashes.
+_CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d])")
+_CARD_PREFIX = re.compile(r"^(?:4|5[1-5]|2[2-7]|3[47]|3[0689]|6(?:011|5|4[4-9]|2)|35)")
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch)
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def cards(text: str) -> Iterator[Span]:
+    for m in _CARD.finditer(text):
+        digits = re.sub(r"\D", "", m.group(0))
+        if 13 <= len(digits) <= 19 and _CARD_PREFIX.match(digits) and _luhn(digits):
+            yield m.start(), m.end(), digits
+
+
+# Lengths from the SWIFT IBAN registry: a country's length bounds the match, so the
+# next word is never swallowed into an IBAN (which then fails its checksum).
+_IBAN_LENGTHS = {
+    c[:2]: int(c[2:])
+    for c in (
+        "AD24 AE23 AL28 AT20 AZ28 BA20 BE16 BG22 BH22 BR29 CH21 CR22 CY28 CZ24 DE22 DK18 DO28 "
+        "EE20 EG29 ES24 FI18 FO18 FR27 GB22 GE22 GI23 GL18 GR27 GT28 HR21 HU28 IE22 IL23 IS26 "
+        "IT27 JO30 KW30 KZ20 LB28 LI21 LT20 LU20 LV21 MC27 MD24 ME22 MK19 MR27 MT31 MU30 NL18 "
+        "NO15 PK24 PL28 PS29 PT25 QA29 RO24 RS22 SA24 SE24 SI19 SK24 SM27 TN24 TR26 UA29 VG24 XK20"
+    ).split()
+}
+_IBAN_START = re.compile(r"\b([A-Z]{2})\d{2}")
+
+
+def ibans(text: str) -> Iterator[Span]:
+    for m in _IBAN_START.finditer(text):
+        length = _IBAN_LENGTHS.get(m.group(1))
+        if length is None:
+            continue
+        chars: list[str] = []
+        end = m.start()
+        while end < len(text) and len(chars) < length:
+            if text[end].isascii() and text[end].isalnum():
+                chars.append(text[end].upper())
+            elif not (text[end] == " " and chars and end + 1 < len(text) and text[end + 1] != " "):
+                break
+            end += 1
+        if len(chars) < length or (end < len(text) and text[end].isalnum()):
+            continue
+        iban = "".join(chars)
+        if int("".join(str(int(c, 36)) for c in iban[4:] + iban[:4])) % 97 == 1:
+            yield m.start(), end, iban
+
+
+_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\d)")
+_IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|:)?(?![\w:])")
+
+
+def ip_addresses(text: str) -> Iterator[Span]:
+    for pattern in (_IPV4, _IPV6):
+        for m in pattern.finditer(text):
+            try:
+                address = ipaddress.ip_address(m.group(0))
+            except ValueError:
+                continue
+            if m.group(0) != "::":
+                yield m.start(), m.end(), str(address)
+
+
+_SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\w-])")
+
+
+def ssns(text: str) -> Iterator[Span]:
+    for m in _SSN.finditer(text):
+        yield m.start(), m.end(), m.group(0)
+
+
+_API_KEY = re.compile(
+    r"\b(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|[spr]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|A[KS]IA[0-9A-Z]{16}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_\w{40,}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[\w-]{35}|glpat-[\w-]{20,}|SG\.[\w-]{16,}\.[\w-]{16,})"
+)
+_JWT = re.compile(r"\beyJ[\w-]{4,}\.eyJ[\w-]{4,}\.[\w-]{8,}")
+_BEARER = re.compile(r"(?i)\b(?:bearer|basic)\s+([\w.~+/-]{16,}=*)")
+# "password: x", "api_key=x", "Authorization: Bearer x": the value after the separator.
+_ASSIGNED = re.compile(
+    r"(?i)\b(?:authorization|x-api-key|api[-_]?key|(?:access|refresh|auth|id)[-_]?token"
+    r"|client[-_]?secret|secret|passw(?:or)?d|pwd|token)\s*[:=]\s*[\"']?"
+    r"(?:(?:bearer|basic)\s+)?(?!<)([^\s\"'<>,;&]{4,})"
+)
+
+
+def secrets(text: str) -> Iterator[Span]:
+    for pattern in (_JWT, _API_KEY):
+        for m in pattern.finditer(text):
+            yield m.start(), m.end(), m.group(0)
+    for pattern in (_BEARER, _ASSIGNED):
+        for m in pattern.finditer(text):
+            yield m.start(1), m.end(1), m.group(1)
+
+
+class Phones:
+    """libphonenumber's matcher, numbers valid for their region only (not digit runs)."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+
+    def __call__(self, text: str) -> Iterator[Span]:
+        if sum(map(str.isdigit, text)) < 7:  # the matcher is slow; most text has no number
+            return
+        leniency = phonenumbers.Leniency.VALID
+        for m in phonenumbers.PhoneNumberMatcher(text, self.region, leniency=leniency):
+            e164 = phonenumbers.format_number(m.number, phonenumbers.PhoneNumberFormat.E164)
+            yield m.start, m.end, e164
+
+
+def regex_detector(pattern: re.Pattern[str]) -> Detector:
+    """A custom pattern (AC_PII_PATTERNS): its first group if it has one, else the match."""
+    group = 1 if pattern.groups else 0
+
+    def detect(text: str) -> Iterator[Span]:
+        for m in pattern.finditer(text):
+            if m.group(group):
+                yield m.start(group), m.end(group), m.group(group)
+
+    return detect
+
+
+# In order: a later detector runs on the text with the earlier ones' placeholders in,
+# so cards go before phones (a card holds phone-like runs) and secrets before all.
+BUILT_IN: list[tuple[str, Detector]] = [
+    ("SECRET", secrets),
+    ("EMAIL", emails),
+    ("IBAN", ibans),
+    ("CARD", cards),
+    ("SSN", ssns),
+    ("IP", ip_addresses),
+]
