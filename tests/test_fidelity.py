@@ -262,9 +262,9 @@ async def test_every_close_carries_the_whole_session(
         check_every_summary_states_its_range(pipe)
         assert metric(await scrape(pipeline.url), "ac_summary_chain_breaks_total") == 0
         # Every close came within a bound of the idle timeout, under the 10,000-action
-        # session's load too (the old scan pacing closed "gap-long" after 17 s).
+        # session's load too (the old code closed these 12-51 s after a 2 s timeout).
         closes = re.findall(r"session (\S+) idle for (\d+)s: closed", pipeline.log_text())
-        assert closes and all(int(after) <= IDLE_S + 2 for _, after in closes), closes
+        assert closes and all(int(after) <= IDLE_S + 4 for _, after in closes), closes
 
 
 async def test_a_session_back_while_its_final_summary_is_in_the_llm(

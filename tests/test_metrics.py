@@ -135,7 +135,8 @@ async def test_counters_move_and_lag_drains_after_a_run(
         await asyncio.gather(pipeline.wait_ready(), sink.wait_ready())
         settings = settings_from(env)
         pipeline_inputs = all_partitions(settings, "actions", "summarize")
-        sink_inputs = all_partitions(settings, "context")
+        # A sink also reads its own re-drive topic (its refused operations sent back).
+        sink_inputs = all_partitions(settings, "context", "redrive.sink-files")
 
         # Before any input: the lag gauge is there for every assigned input partition.
         await wait_lag_zero(pipeline, pipeline_inputs, timeout=30)
@@ -245,7 +246,9 @@ async def test_lag_counts_what_a_stalled_sink_has_not_done(
     assert status == 200 and body["ready"] is True  # stalled is not unhealthy: it's lag
 
     gate.touch()
-    await wait_lag_zero(sink, all_partitions(settings, "context"), timeout=120)
+    await wait_lag_zero(
+        sink, all_partitions(settings, "context", "redrive.sink-gated"), timeout=120
+    )
     s = await scrape(sink)
     assert s.value("ac_sink_operations_total", sink="gated", outcome="applied") == backlog
 
