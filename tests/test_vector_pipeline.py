@@ -17,6 +17,7 @@ from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, Worker
 from tests.test_cli import cli
 
+TOKEN = "vector-api-token-for-tests"
 NEEDLE, TENANT = "needle-session", "tenant-b"
 PHRASE = "Configured the Zendesk webhook signing secret"
 
@@ -65,7 +66,7 @@ async def test_200_sessions_each_current_summary_once_search_and_enrich(
     want = {sid: ranges[-1] for sid, ranges in crossings.items()}
     assert len({str(p["session_id"]) for p in payloads}) == 200 and want[NEEDLE] == 2 * threshold
     env = {**worker_env, **FAST_REBALANCE, "AC_THRESHOLD": str(threshold),
-           "AC_IDLE_TIMEOUT_S": "3600"}  # fmt: skip
+           "AC_IDLE_TIMEOUT_S": "3600", "AC_API_TOKEN": TOKEN}  # fmt: skip
     store = Path(env["AC_DATA_DIR"]) / "vector"
     pipe = Pipeline(env, tmp_path, workers)
     started = [pipe.start_pipeline(), pipe.start_sink("vector")]
@@ -95,7 +96,13 @@ async def test_200_sessions_each_current_summary_once_search_and_enrich(
     assert all(r["kind"] == "summary" and r["seq_from"] == 1 for r in rows)
     assert {r["product_id"] for r in rows if r["session_id"] == NEEDLE} == {TENANT}
 
-    async with httpx.AsyncClient(base_url=sink.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=sink.url, timeout=30) as anyone:
+        # The pull view's access control: without the token, no session data.
+        for path in ("/search", f"/sessions/{NEEDLE}/enrich"):
+            refused = await anyone.get(path, params={"q": "zendesk webhook secret"})
+            assert refused.status_code == 401 and NEEDLE not in refused.text, path
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=sink.url, timeout=30, headers=auth) as http:
         found = (await http.get("/search", params={"q": "zendesk webhook secret", "k": 5,
                                                    "product_id": TENANT})).json()  # fmt: skip
         assert found["results"][0]["session_id"] == NEEDLE
