@@ -28,6 +28,7 @@ BUILTIN = {
     "intercom": "sinks.intercom:IntercomSink",
     "webhook": "sinks.webhook:WebhookSink",
     "vector": "sinks.vector:VectorSink",
+    "view": "sinks.view:ViewSink",
 }
 
 

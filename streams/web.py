@@ -12,7 +12,9 @@ from pydantic import SecretStr
 from streams.lag import worker_status
 from streams.settings import Settings
 
-__all__ = ["add_operational_pages", "unauthorized"]
+__all__ = ["add_operational_pages", "browser_cookie", "unauthorized", "unauthorized_browser"]
+
+COOKIE = "ac_view"  # the browser's proof of the token (never the token itself)
 
 
 def unauthorized(web: View, request: Request, token: SecretStr | None) -> Response | None:
@@ -26,6 +28,30 @@ def unauthorized(web: View, request: Request, token: SecretStr | None) -> Respon
         return None
     return web.json(
         {"error": "unauthorized: send Authorization: Bearer <AC_API_TOKEN>"},
+        status=401,
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+def browser_cookie(token: SecretStr) -> str:
+    """The cookie value a browser gets for the token: an HMAC of it, so the cookie
+    jar never holds the token (and changing the token logs every browser out)."""
+    key = token.get_secret_value().encode()
+    return hmac.new(key, b"agent-context-view", "sha256").hexdigest()
+
+
+def unauthorized_browser(web: View, request: Request, token: SecretStr | None) -> Response | None:
+    """:func:`unauthorized` for pages a browser opens: the bearer header, or the
+    HttpOnly cookie that ``?token=<AC_API_TOKEN>`` sets once (see sinks/view)."""
+    if token is None or unauthorized(web, request, token) is None:
+        return None
+    given = request.cookies.get(COOKIE, "")
+    if given and hmac.compare_digest(given.encode(), browser_cookie(token).encode()):
+        return None
+    return web.html(
+        "<!doctype html><title>401</title><p>Unauthorized: open this page once with "
+        "<code>?token=&lt;AC_API_TOKEN&gt;</code>, or send "
+        "<code>Authorization: Bearer &lt;AC_API_TOKEN&gt;</code>.</p>",
         status=401,
         headers={"WWW-Authenticate": "Bearer"},
     )
