@@ -21,3 +21,22 @@ if [[ ! -f $stamp ]]; then
 else
   echo "[setup] .venv is up to date"
 fi
+
+# The session view's browser test (tests/test_view.py) drives a headless Chromium.
+# Debian's packages, installed when missing and apt-get can (as root, or sudo
+# without a password); otherwise that test skips and says why.
+if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  sudo=""
+  if [[ $(id -u) -ne 0 ]]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo="sudo -n"; fi
+  fi
+  if [[ $(id -u) -eq 0 || -n $sudo ]]; then
+    echo "[setup] installing chromium and chromium-driver for the browser test (apt-get)"
+    if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver; } >/dev/null 2>&1; then
+      echo "[setup] could not install chromium (apt-get failed): the browser test will skip"
+    fi
+  else
+    echo "[setup] no chromium: the browser test will skip (apt-get install chromium chromium-driver)"
+  fi
+fi

@@ -1,0 +1,241 @@
+"""The session view (``AC_SINK=view``, /ui/): its pages, paging and escaping in
+process, then a headless Chromium against the real pipeline (Selenium): the list
+and a session updating live, a summary replacing batches, deep links and the back
+button, hostile action text rendered inert, and the pull view's access control.
+
+``AC_VIEW_SCREENSHOTS=<dir>`` keeps the browser test's screenshots there
+(scripts/screenshots.py writes docs/img/ so)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas import ActionsPayload, ActionsWritten, SummaryReady
+from sinks.context import SessionContext
+from sinks.view import SessionRow, ViewSink, list_page_rows
+from sinks.view.routes import _list_fragment, _session_fragment
+from streams.synthetic import interleaved_payloads, plan_sessions
+from tests.support.pipeline import Pipeline, produce
+from tests.support.workers import FAST_REBALANCE, Worker
+
+TOKEN = "view-token-for-tests"
+HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+SID = "s-hostile-42"
+
+
+def written(sid: str, seq_from: int, descriptions: list[str], **who: str) -> ActionsWritten:
+    actions = [
+        {"index": i, "type": "click", "title": d, "description": d, "canonical_url": "/x"}
+        for i, d in enumerate(descriptions)
+    ]
+    payload = ActionsPayload.model_validate(
+        {"session_id": sid, "product_id": "p", "actions": actions, **who}
+    )
+    return ActionsWritten(
+        session_id=sid, product_id="p", seq_from=seq_from,
+        seq_to=seq_from + len(actions) - 1, text=payload.numbered_text(seq_from),
+        payload=payload, emitted_at=time.time(),
+    )  # fmt: skip
+
+
+async def test_a_summary_replaces_batches_and_everything_is_escaped() -> None:
+    sink, context = ViewSink(), SessionContext(session_id=SID)
+    for op in (
+        written(SID, 1, ["Opened billing", HOSTILE], user_id="<b>u</b>", email="a@b.example"),
+        written(SID, 3, ["Clicked Save"]),
+    ):
+        context = context.advanced(op)
+        await sink.apply(op, context)
+    summary = SummaryReady(session_id=SID, product_id="p", seq_from=1, seq_to=2, window_from=1,
+                           summary=f"The user typed {HOSTILE}", emitted_at=time.time())  # fmt: skip
+    context = context.advanced(summary)
+    await sink.apply(summary, context)
+    page = _session_fragment(sink, context, SID)
+    assert "<script>" not in page and "<img" not in page and "<b>u</b>" not in page
+    assert "&lt;script&gt;window.pwned=1&lt;/script&gt;" in page
+    assert "Summary of actions 1-2" in page and "Raw batch: action 3" in page
+    assert "Raw batch: actions 1-2" not in page  # replaced by the summary
+    assert "summary of actions 1-2: replaced actions 1-2" in page  # the timeline
+    assert [e["kind"] for e in context.extra["view"]["timeline"]] == ["batch", "batch", "summary"]
+    listed = _list_fragment(sink, "", "all", 1)
+    assert "&lt;b&gt;u&lt;/b&gt;" in listed and "a@b.example" in listed
+
+
+def test_5000_sessions_are_paged_on_the_server() -> None:
+    sink = ViewSink()
+    for i in range(5000):
+        sink.index(SessionRow(session_id=f"s-{i:04d}", user_id=f"u-{i % 97}",
+                              email=f"user{i}@example.com", product_id=f"prod-{i % 3}",
+                              closed=i % 4 == 0, actions=i, last_activity=1e9 + i))  # fmt: skip
+    started = time.perf_counter()
+    html = _list_fragment(sink, "", "all", 1)
+    assert time.perf_counter() - started < 1.0  # generous: ~10 ms here
+    assert html.count("<tr data-session=") == 50 and "5000 sessions, page 1 of 100" in html
+    assert html.index("s-4999") < html.index("s-4998")  # most recently active first
+    rows, matching, pages = list_page_rows(list(sink.rows.values()), "USER40", "closed", 1, 50)
+    assert matching == len(rows) == 29 and pages == 1  # 40, 400-409, 4000-4099, closed: 1 in 4
+    assert all(r.closed and "user40" in r.email for r in rows)
+    last = list_page_rows(list(sink.rows.values()), "", "all", 999, 50)
+    assert last[2] == 100 and last[0][-1].session_id == "s-0000"  # clamped to the last page
+
+
+# ---------------------------------------------------------------------- the browser
+
+
+def chrome(download_dir: Path) -> Any:
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium is not installed: pip install -e '.[test]'")
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if binary is None or driver is None:
+        pytest.skip(
+            "no headless browser: scripts/bootstrap.sh installs Debian's chromium and "
+            "chromium-driver with apt-get where it can (apt-get install chromium chromium-driver)"
+        )
+    options = Options()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                "--window-size=1360,900", "--disable-gpu"):  # fmt: skip
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=Service(driver))
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    driver = chrome(tmp_path)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def payload(sid: str, first: int, descriptions: list[str], **extra: str) -> dict[str, Any]:
+    actions = [
+        {"index": first + i, "type": "click", "title": d, "description": d,
+         "canonical_url": "https://app.example.com/billing"}
+        for i, d in enumerate(descriptions)
+    ]  # fmt: skip
+    return {"session_id": sid, "product_id": "acme", "actions": actions, **extra}
+
+
+def shoot(browser: Any, tmp_path: Path, name: str) -> None:
+    browser.save_screenshot(str(tmp_path / name))
+    if target := os.environ.get("AC_VIEW_SCREENSHOTS"):
+        Path(target).mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / name, Path(target) / name)
+
+
+@pytest.mark.kafka
+async def test_browser_watches_a_session_live(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker], browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    env = {**worker_env, **FAST_REBALANCE, "AC_THRESHOLD": "4", "AC_IDLE_TIMEOUT_S": "3600",
+           "AC_API_TOKEN": TOKEN}  # fmt: skip
+    pipe = Pipeline(env, tmp_path, workers)
+    started = [pipe.start_pipeline(), pipe.start_sink("view")]
+    await asyncio.gather(*(w.wait_ready() for w in started))
+    view = started[1].url
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    # A live update replaces the elements it holds: a stale one is looked up again.
+    wait = WebDriverWait(browser, 60, 0.1, ignored_exceptions=[StaleElementReferenceException])
+
+    def text(css: str) -> str:  # in one script: a live update replaces elements
+        script = "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText)"
+        return "\n".join(browser.execute_script(script, css))
+
+    # The token once: an HttpOnly cookie, and the URL without it.
+    browser.get(f"{view}/ui/?token={TOKEN}")
+    assert browser.current_url == f"{view}/ui/"
+    cookie = browser.get_cookie("ac_view")
+    assert cookie is not None and cookie["httpOnly"] and TOKEN not in cookie["value"]
+    wait.until(ec.text_to_be_present_in_element((By.ID, "live-status"), "live"))
+    browser.execute_script("window.marker = 'no reload'")
+
+    # The list fills live as sessions arrive.
+    background = list(interleaved_payloads(plan_sessions(24, mean_length=9, seed=5), seed=5))
+    await produce(env, background)
+    hostile_user = {"user_id": "<b>u-7</b>", "email": "jo@example.com"}
+    await produce(
+        env, [payload(SID, 0, ["Opened billing", HOSTILE, "Saw invoice"], **hostile_user)]
+    )
+    wanted = len({p["session_id"] for p in background}) + 1
+    wait.until(lambda b: f"{wanted} sessions" in text("#count"))
+    assert browser.execute_script("return window.marker") == "no reload"
+    assert "<b>u-7</b>" in text(f'tr[data-session="{SID}"]')  # as text, not bold
+    shoot(browser, tmp_path, "view-list.png")
+
+    # Search by user, then follow the session's link (the back button returns).
+    browser.find_element(By.NAME, "q").send_keys("u-7")
+    browser.find_element(By.CSS_SELECTOR, "form button").click()
+    wait.until(lambda b: "1 session," in text("#count"))
+    search_url = browser.current_url
+    assert "q=u-7" in search_url
+    wait.until(lambda b: b.find_element(By.LINK_TEXT, SID).click() or True)
+    wait.until(ec.url_contains(f"/ui/sessions/{SID}"))
+    wait.until(ec.text_to_be_present_in_element((By.ID, "live-status"), "live"))
+    assert "Raw batch: actions 1-3" in text("#context")
+    browser.execute_script("window.marker = 'session page'")
+
+    # Two more actions cross the threshold: a summary replaces the batch, live.
+    await produce(env, [payload(SID, 3, ["Clicked Pay", "Submitted card"], **hostile_user)])
+    wait.until(lambda b: "Summary of actions 1-5" in text("#summary-range"))
+    await produce(env, [payload(SID, 5, [f"Typed {HOSTILE} into search"], **hostile_user)])
+    wait.until(lambda b: "Raw batch: action 6" in text("#context"))
+    assert "Raw batch: actions 1-3" not in text("#context")
+    timeline = text("#timeline")
+    assert "summary of actions 1-5: replaced actions 1-5" in timeline
+    assert "batch written: actions 4-5" in timeline and "batch written: action 6" in timeline
+    assert browser.execute_script("return window.marker") == "session page"  # no reload
+    # Hostile text is text: shown literally, never run or parsed.
+    assert HOSTILE in text("#context")
+    assert browser.execute_script("return window.pwned") is None
+    assert not browser.find_elements(By.CSS_SELECTOR, "#live script, #live img, #context b")
+    shoot(browser, tmp_path, "view-session.png")
+
+    browser.back()
+    wait.until(lambda b: b.current_url == search_url and "1 session," in text("#count"))
+    browser.forward()
+    wait.until(lambda b: "Raw batch: action 6" in text("#context"))
+
+    # A deep link in a browser without the cookie: refused, then the token once.
+    deep = f"{view}/ui/sessions/{SID}"
+    browser.delete_all_cookies()
+    browser.get(deep)
+    assert "Unauthorized" in browser.find_element(By.TAG_NAME, "body").text
+    assert "Opened billing" not in browser.page_source
+    browser.get(f"{deep}?token={TOKEN}")
+    assert browser.current_url == deep
+    wait.until(lambda b: "Summary of actions 1-5" in text("#summary-range"))
+
+    # Every endpoint with session data: 401 without the token, as the pull view.
+    paths = ["/ui/", "/ui/events", f"/ui/sessions/{SID}", f"/ui/sessions/{SID}/events",
+             "/ui/?token=wrong", f"/sessions/{SID}/context"]  # fmt: skip
+    async with httpx.AsyncClient(base_url=view, timeout=30) as anyone:
+        for path in paths:
+            refused = await anyone.get(path)
+            assert refused.status_code == 401 and "Opened billing" not in refused.text, path
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=view, timeout=30, headers=auth) as http:
+        assert SID in (await http.get("/ui/", params={"q": "acme"})).text
+        async with http.stream("GET", f"/ui/sessions/{SID}/events") as events:
+            assert events.headers["content-type"].startswith("text/event-stream")
+            first = await anext(events.aiter_text())
+            assert first.startswith("event: update\n") and "Summary of actions 1-5" in first
