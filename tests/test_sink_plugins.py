@@ -118,7 +118,7 @@ async def test_every_plug_in_shape_loads(tmp_path: Path, monkeypatch: pytest.Mon
         load_sink("nosuchsink", settings)
     assert str(unknown.value) == (
         "AC_SINK='nosuchsink' is not a sink name; use one of files, intercom, my-slow, "
-        "null, stdout, webhook, or a dotted path such as mypkg.sinks:MySink"
+        "null, stdout, vector, view, webhook, or a dotted path such as mypkg.sinks:MySink"
     )
 
 

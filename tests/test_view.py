@@ -239,3 +239,12 @@ async def test_browser_watches_a_session_live(
             assert events.headers["content-type"].startswith("text/event-stream")
             first = await anext(events.aiter_text())
             assert first.startswith("event: update\n") and "Summary of actions 1-5" in first
+
+    # A restarted view worker lists the sessions again, from its table.
+    started[1].stop()
+    restarted = await pipe.start_sink("view").wait_ready()
+    async with httpx.AsyncClient(base_url=restarted.url, timeout=30, headers=auth) as http:
+        listed = (await http.get("/ui/", params={"q": SID})).text
+        assert "1 session," in listed and f'data-session="{SID}"' in listed
+        page = (await http.get(f"/ui/sessions/{SID}")).text
+        assert "Summary of actions 1-5" in page and "batch written: action 6" in page

@@ -357,10 +357,12 @@ def add_routes(
         return load(session_id) if contexts.get(session_id) is not None else None
 
     def ensure_indexed() -> None:
-        """After a restart the rows come back from the table (the contexts it restored)."""
-        if sink.indexed:
+        """After a restart or a rebalance the rows come back from the table (the
+        contexts it restored), once per consumer group generation."""
+        generation = app.consumer_generation_id
+        if sink.indexed == generation:
             return
-        sink.indexed = True
+        sink.indexed = generation
         for key in list(contexts.keys()):
             if "\x1f" not in key and key not in sink.rows:  # a header, not a batch
                 sink.index(row_from(load(key)))

@@ -85,7 +85,8 @@ class ViewSink:
         self.versions: dict[str, int] = {}  # per session, bumped on every change
         self.version = 0
         self._changed = asyncio.Event()
-        self.indexed = False  # the rows were rebuilt from the table (after a restart)
+        # The consumer group generation whose table the rows were rebuilt from.
+        self.indexed: int | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ViewSink:
