@@ -83,8 +83,13 @@ async def test_200_sessions_each_current_summary_once_search_and_enrich(
     def summaries() -> dict[str, int]:
         return {r["session_id"]: r["seq_to"] for r in current_rows(store) if r["kind"] == "summary"}
 
+    def settled() -> bool:
+        # The new summary is stored before the one it replaces is deleted (a reader never
+        # finds none): wait for the deletes too, not only for the latest ranges.
+        return summaries() == want and len(current_rows(store)) == len(want)
+
     await wait_for(
-        lambda: summaries() == want,
+        settled,
         timeout=180,
         interval=0.5,
         message=lambda: f"{len(summaries())}/{len(want)} sessions current",
