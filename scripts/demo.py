@@ -149,16 +149,19 @@ async def run(args: argparse.Namespace) -> None:
         )
     )
     await ensure_topics(settings)
-    console.print("[1/4] starting the pipeline worker and the files sink worker ...")
+    console.print("[1/4] starting the pipeline worker, the files sink and the session view ...")
     started = time.monotonic()
     pipeline = start_worker("pipeline", "agents.app", env, args.port, run_dir)
     sink = start_worker(
         "sink-files", "sinks.app", {**env, "AC_SINK": "files"}, args.port + 1, run_dir
     )
-    workers = [pipeline, sink]
+    view = start_worker(
+        "sink-view", "sinks.app", {**env, "AC_SINK": "view"}, args.port + 2, run_dir
+    )
+    workers = [pipeline, sink, view]
     try:
         await wait_ready(workers)
-        console.print(f"      both ready in {time.monotonic() - started:.1f}s")
+        console.print(f"      all ready in {time.monotonic() - started:.1f}s")
         async with httpx.AsyncClient(timeout=10) as client:
             await produce_stream(settings, payloads)
             await follow_sink(
@@ -167,6 +170,12 @@ async def run(args: argparse.Namespace) -> None:
             live = await live_session(client, settings, sink.port, args.threshold)
             contexts = await fetch_contexts(client, sink.port, [*sessions, live["session_id"]])
         show_results(contexts, payloads, run_dir, args.threshold, live)
+        url = f"http://127.0.0.1:{view.port}/ui/"
+        if args.exit if args.exit is not None else not sys.stdin.isatty():
+            console.print(f"Session view (while the workers run): {url} (--keep keeps them)")
+            return
+        console.print(f"Watch the sessions in a browser: {url}  (Ctrl-C stops the workers)")
+        await asyncio.Event().wait()  # until Ctrl-C: the page needs its workers
     finally:
         for worker in workers:
             worker.stop()
@@ -338,9 +347,24 @@ def main() -> None:
     parser.add_argument("--idle-timeout", type=float, default=6.0)
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument(
-        "--port", type=int, default=6066, help="web port of the pipeline; the sink uses +1"
+        "--port",
+        type=int,
+        default=6066,
+        help="web port of the pipeline; the files sink uses +1, the session view +2",
     )
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument(
+        "--exit",
+        action="store_true",
+        default=None,
+        help="stop the workers at the end (the default without a TTY)",
+    )
+    parser.add_argument(
+        "--keep", dest="exit", action="store_false", help="keep the workers for the session view"
+    )
+    try:
+        asyncio.run(run(parser.parse_args()))
+    except KeyboardInterrupt:
+        console.print("stopped; the broker keeps running (make stop)")
 
 
 if __name__ == "__main__":
