@@ -155,9 +155,9 @@ async def run(args: argparse.Namespace) -> None:
     sink = start_worker(
         "sink-files", "sinks.app", {**env, "AC_SINK": "files"}, args.port + 1, run_dir
     )
-    view = start_worker(
-        "sink-view", "sinks.app", {**env, "AC_SINK": "view"}, args.port + 2, run_dir
-    )
+    others = f"http://127.0.0.1:{args.port},http://127.0.0.1:{args.port + 1}"
+    view_env = {**env, "AC_SINK": "view", "AC_VIEW_METRICS_URLS": others}
+    view = start_worker("sink-view", "sinks.app", view_env, args.port + 2, run_dir)
     workers = [pipeline, sink, view]
     try:
         await wait_ready(workers)

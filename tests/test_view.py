@@ -18,12 +18,15 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
 from sinks.context import SessionContext
 from sinks.view import SessionRow, ViewSink, list_page_rows
+from sinks.view.operators import operator_strip
 from sinks.view.routes import _list_fragment, _session_fragment
 from streams.synthetic import interleaved_payloads, plan_sessions
+from tests.fakes.loopback import LoopbackServer
 from tests.support.pipeline import Pipeline, produce
 from tests.support.workers import FAST_REBALANCE, Worker
 
@@ -248,3 +251,39 @@ async def test_browser_watches_a_session_live(
         assert "1 session," in listed and f'data-session="{SID}"' in listed
         page = (await http.get(f"/ui/sessions/{SID}")).text
         assert "Summary of actions 1-5" in page and "batch written: action 6" in page
+
+
+class _MetricsServer(LoopbackServer):
+    """A worker's /metrics, as the pipeline would answer it."""
+
+    text = (
+        "# HELP ac_consumer_lag lag\n# TYPE ac_consumer_lag gauge\n"
+        'ac_consumer_lag{group="app",topic="t.actions",partition="0"} 7.0\n'
+        'ac_consumer_lag{group="app",topic="t.summarize",partition="0"} 3.0\n'
+        "# HELP ac_llm_breaker_open open\n# TYPE ac_llm_breaker_open gauge\n"
+        "ac_llm_breaker_open 1.0\n"
+        "# HELP ac_llm_latency_seconds lat\n# TYPE ac_llm_latency_seconds histogram\n"
+        'ac_llm_latency_seconds_bucket{le="+Inf"} 4.0\n'
+        "ac_llm_latency_seconds_count 4.0\nac_llm_latency_seconds_sum 2.0\n"
+        "# HELP ac_dead_letters_total dl\n# TYPE ac_dead_letters_total counter\n"
+        'ac_dead_letters_total{stage="accumulate",reason="<b>not JSON</b>"} 2.0\n'
+    )
+
+    def routes(self, app: web.Application) -> None:
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=self.text)
+
+        app.router.add_get("/metrics", metrics)
+
+
+async def test_the_operator_strip_reads_the_workers_metrics() -> None:
+    """Lag per consumer group, the breaker, LLM latency and dead letters by reason, from
+    the workers named in AC_VIEW_METRICS_URLS; one that does not answer is named."""
+    async with _MetricsServer() as pipeline:
+        down = "http://127.0.0.1:9"
+        strip = await operator_strip([pipeline.origin, down], token=None)
+    assert "<strong>Lag</strong> app 10" in strip
+    assert "<strong>LLM breaker</strong> open" in strip
+    assert "<strong>LLM</strong> 4 calls, mean 500 ms" in strip
+    assert "accumulate: &lt;b&gt;not JSON&lt;/b&gt; 2" in strip  # escaped: labels are data
+    assert f"<strong>Not answering</strong> {down}" in strip

@@ -27,6 +27,7 @@ from faust.web import Request, Response, View
 from pydantic import SecretStr
 
 from sinks.context import SessionContext, actions_range
+from sinks.view.operators import operator_strip
 from sinks.view.sink import BOOK, SessionRow, row_from
 from streams.web import COOKIE, browser_cookie, unauthorized_browser
 
@@ -384,7 +385,11 @@ def add_routes(
             return refused
         ensure_indexed()
         query, status, page = _list_params(request)
-        return _html(web, _page("Sessions", "", _list_body(sink, query, status, page)))
+        token = app.settings.api_token
+        strip = await operator_strip(
+            sink.settings.metrics_url_list, token.get_secret_value() if token else None
+        )
+        return _html(web, _page("Sessions", "", strip + _list_body(sink, query, status, page)))
 
     @app.page("/ui/events")
     async def sessions_events(web: View, request: Request) -> Any:

@@ -37,6 +37,12 @@ class ViewSettings(BaseSettings):
     max_sessions: int = Field(default=100_000, ge=1)  # rows in the list's index
     timeline: int = Field(default=200, ge=1)  # operations kept per session
     page_size: int = Field(default=50, ge=1, le=500)  # sessions per list page
+    # Other workers' web addresses (comma-separated) for the operator strip's figures.
+    metrics_urls: str = ""
+
+    @property
+    def metrics_url_list(self) -> list[str]:
+        return [u.strip() for u in self.metrics_urls.split(",") if u.strip()]
 
 
 @dataclass
