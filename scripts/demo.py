@@ -172,7 +172,10 @@ async def run(args: argparse.Namespace) -> None:
         show_results(contexts, payloads, run_dir, args.threshold, live)
         url = f"http://127.0.0.1:{view.port}/ui/"
         if args.exit if args.exit is not None else not sys.stdin.isatty():
-            console.print(f"Session view (while the workers run): {url} (--keep keeps them)")
+            console.print(
+                f"Session view: {url} (stopped with the workers now; run the demo with --keep "
+                "to keep them running for the page)"
+            )
             return
         console.print(f"Watch the sessions in a browser: {url}  (Ctrl-C stops the workers)")
         await asyncio.Event().wait()  # until Ctrl-C: the page needs its workers
