@@ -53,12 +53,14 @@ async def _scrape(client: httpx.AsyncClient, url: str) -> str | None:
         return None
 
 
-async def operator_strip(urls: list[str], token: str | None) -> str:
-    """The strip's HTML (every value escaped): this worker's metrics and the others'."""
+async def operator_strip(urls: list[str], token: str | None, own: str | None = None) -> str:
+    """The strip's HTML (every value escaped): this worker's metrics (``own``, else its
+    registry's) and the others'."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S, headers=headers) as client:
         scraped = await asyncio.gather(*(_scrape(client, url) for url in urls))
-    texts = [generate_latest().decode(), *(t for t in scraped if t is not None)]
+    own = generate_latest().decode() if own is None else own
+    texts = [own, *(t for t in scraped if t is not None)]
     figures = summarise(texts)
     lag = figures["lag"]
     assert isinstance(lag, dict)
