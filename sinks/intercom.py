@@ -1,31 +1,23 @@
 """Intercom sink: each batch an internal admin note; each summary a note that replaces them.
 
-What the SDK's Intercom example gets wrong, and what this sink does instead
-(reference/sdk-behaviour.md, §8):
+What the SDK's Intercom example gets wrong, and what this sink does instead:
 
-- **L10** (``part_ids.pop`` redacts notes posted while the LLM was busy, or after
-  a failed summary): every note is recorded with the sequence range it holds, and
-  a summary redacts exactly the notes whose range it covers (``seq_to <=
-  summary.seq_to``) plus the previous summary note. Later batches stay.
-- **D6** (best-effort redaction): redactions are retried until done; a part that
-  is already redacted or gone counts as done. The summary is always posted and
-  confirmed first, so there is never a context gap.
-- **L11 / O2** (pre-link buffers lost, reordered or cancelled): nothing is buffered
-  in memory. Actions that arrive before the session is linked to a conversation
-  are in the session's durable context (summary + raw batches); when the link
-  arrives (``links`` topic, or a ``conversation_id`` on an operation) *one* note
-  with everything waiting is posted. The runner's per-session lane serialises
-  links with operations, so nothing overtakes it.
-- **D2 / D3** (re-posts, posts whose id was lost): each note carries a marker
-  with its session, generation, kind and range. After a restart (or anything
-  that makes the sink's bookkeeping possibly stale) and after an attempt whose
-  outcome is unknown (timeout, 5xx), the sink reads the conversation once
-  (``GET /conversations/{id}``) and rebuilds its bookkeeping from the notes
-  actually there, before posting anything. A note is never posted twice, and a
-  note posted just before a crash is still redacted by the next summary.
-- **O3 / O4**: notes are posted in sequence order, one operation at a time per
-  session (``apply`` returns only when the note is confirmed), and the summary
-  note of an operation always comes before its redactions.
+- Redacting by position (``part_ids.pop``) removed notes posted while the LLM was
+  busy: every note is recorded with the sequence range it holds, and a summary
+  redacts exactly the notes whose range it covers plus the previous summary note.
+- Best-effort redaction: redactions are retried until done (a part already
+  redacted or gone counts as done); the summary is posted and confirmed first,
+  so the conversation never has a context gap.
+- Pre-link buffers in memory were lost or reordered: actions before the link
+  are in the session's durable context, and the link (``links`` topic, or a
+  ``conversation_id`` on an operation) posts *one* note with everything waiting;
+  the runner's per-session lane keeps links in order with operations.
+- Re-posts and posts whose id was lost: each note carries a marker (session,
+  generation, kind, range); after a restart or an attempt of unknown outcome the
+  sink reads the conversation once and rebuilds its bookkeeping from the notes
+  there, so a note is never posted twice.
+- Notes go in sequence order, one operation at a time per session, and a
+  summary note always before its redactions.
 
 Bookkeeping lives in ``context.extra`` (persisted by the runner with the
 session's context): ``conversation_id``, ``notes`` (unredacted notes with part id
@@ -557,16 +549,11 @@ class IntercomSink:
             None,
         )
         if note is None:
-            part_id = await self._post_note(
-                state,
-                context.session_id,
-                op.generation,
-                "summary",
-                1,
-                op.seq_to,
-                _summary_text(op),
-                when=op.emitted_at,
+            sid = context.session_id
+            body = note_body(
+                sid, op.generation, "summary", 1, op.seq_to, _summary_text(op), op.emitted_at
             )
+            part_id = await self._post_note(state, sid, body, ("summary", 1, op.seq_to))
             assert state.conversation_id is not None
             note = Note(
                 part_id=part_id,
@@ -628,9 +615,8 @@ class IntercomSink:
         assert conversation_id is not None
         sid = context.session_id
         try:
-            part_id = await self._post_note(
-                state, sid, context.generation, kind, seq_from, seq_to, text, when=when
-            )
+            body = note_body(sid, context.generation, kind, seq_from, seq_to, text, when)
+            part_id = await self._post_note(state, sid, body, (kind, seq_from, seq_to))
         except PermanentSinkError:
             state.posted_to = max(
                 state.posted_to, seq_to
@@ -648,21 +634,12 @@ class IntercomSink:
         return note
 
     async def _post_note(
-        self,
-        state: IntercomState,
-        sid: str,
-        generation: int,
-        kind: Kind,
-        seq_from: int,
-        seq_to: int,
-        text: str,
-        *,
-        when: float,
+        self, state: IntercomState, sid: str, body: str, identity: tuple[Kind, int, int]
     ) -> str:
-        """Post one note to the session's conversation; its part id."""
+        """Post one note (``body``, from :func:`note_body`) to the session's conversation;
+        its part id, found by ``identity`` (kind, seq_from, seq_to) in the answer."""
         conversation_id = state.conversation_id
         assert conversation_id is not None
-        body = note_body(sid, generation, kind, seq_from, seq_to, text, when)
         try:
             parts = await self.api.reply_note(conversation_id, body)
         except TransientHTTPError as exc:
@@ -672,7 +649,7 @@ class IntercomSink:
         except ConversationNotFound:
             self._not_found(conversation_id)
         self._missing_since.pop(conversation_id, None)
-        part_id = _new_part_id(parts, session_ref(sid), kind, seq_from, seq_to)
+        part_id = _new_part_id(parts, session_ref(sid), *identity)
         if part_id is None:
             # Posted, but the answer doesn't say which part it is: look it up next time.
             self._dirty.add(sid)

@@ -385,7 +385,6 @@ def add_routes(
             return refused
         ensure_indexed()
         query, status, page = _list_params(request)
-        token = app.settings.api_token
         strip = await operator_strip(
             sink.settings.metrics_url_list, token.get_secret_value() if token else None
         )
