@@ -13,15 +13,17 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from agents.llm import (
+from agents.summarizer import (
+    FailureLog,
     LLMError,
+    LLMUnavailable,
     OpenAIChat,
+    ResilientLLM,
     llm_session,
     load_llm_callable,
     openai_llm,
     parse_retry_after,
 )
-from agents.resilience import FailureLog, LLMUnavailable, ResilientLLM
 from streams.settings import Settings
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.openai_server import default_reply
@@ -289,7 +291,7 @@ async def test_each_llm_failure_is_logged_once_and_storms_are_summarised(
 
     token = llm_session.set("sess-42")
     try:
-        with caplog.at_level(logging.WARNING, logger="agents.resilience"):
+        with caplog.at_level(logging.WARNING, logger="agents.summarizer.resilience"):
             with pytest.raises(LLMUnavailable):
                 await resilient(down, retry_budget_s=0.3, failure_threshold=1000)("p")
     finally:
@@ -302,10 +304,10 @@ async def test_each_llm_failure_is_logged_once_and_storms_are_summarised(
     assert any("gave up on session sess-42 after" in line for line in lines), lines
 
     clock = [100.0]
-    monkeypatch.setattr("agents.resilience.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("agents.summarizer.resilience.time.monotonic", lambda: clock[0])
     log = FailureLog(every_s=10)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="agents.resilience"):
+    with caplog.at_level(logging.WARNING, logger="agents.summarizer.resilience"):
         for _ in range(50):  # a storm: 50 failures in 5 s
             log.failed(1, LLMError("429", retryable=True, kind="rate_limited"))
             clock[0] += 0.1
@@ -322,7 +324,7 @@ async def test_each_llm_failure_is_logged_once_and_storms_are_summarised(
 async def test_breaker_opens_fails_fast_and_closes_after_recovery(
     server: FakeOpenAIServer, llm: OpenAIChat, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agents.resilience")
+    caplog.set_level(logging.INFO, logger="agents.summarizer")
     opened_before = metric("ac_llm_breaker_transitions_total", to="open")
     closed_before = metric("ac_llm_breaker_transitions_total", to="closed")
     guarded = resilient(llm, failure_threshold=3, reset_timeout_s=0.5, retry_budget_s=0.3)
