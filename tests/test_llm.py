@@ -221,7 +221,7 @@ async def test_empty_answers_are_failures(server: FakeOpenAIServer, llm: OpenAIC
     assert await guarded(PROMPT) == default_reply(PROMPT, 1)
 
     assert failures("empty") == before + 2
-    assert guarded.opened_count == 1 and guarded.closed_count == 1  # counted by the breaker
+    assert (guarded.breaker.opened_count, guarded.breaker.closed_count) == (1, 1)
 
 
 async def test_non_retryable_error_raises_at_once(
@@ -238,7 +238,7 @@ async def test_non_retryable_error_raises_at_once(
     assert not caught.value.retryable and caught.value.status_code == 401
     assert len(server.requests) == 1
     assert time.monotonic() - started < 1.0
-    assert not guarded.breaker_open  # a bad request is not an outage
+    assert not guarded.breaker.is_open  # a bad request is not an outage
 
 
 async def test_user_callable_exceptions_and_hangs_are_retried() -> None:
@@ -333,7 +333,7 @@ async def test_breaker_opens_fails_fast_and_closes_after_recovery(
     # Three failures open it; the next attempt is refused and the budget ends the call.
     with pytest.raises(LLMUnavailable):
         await guarded(PROMPT)
-    assert guarded.breaker_open and guarded.opened_count == 1
+    assert guarded.breaker.is_open and guarded.breaker.opened_count == 1
     assert len(server.requests) == 3
     assert "LLM circuit breaker opened" in caplog.text
     assert metric("ac_llm_breaker_open") == 1
@@ -356,7 +356,7 @@ async def test_breaker_opens_fails_fast_and_closes_after_recovery(
     last_failure = server.requests[2].completed
     assert last_failure is not None and probe.arrived - last_failure >= 0.45
     assert len(server.requests) == 4
-    assert not guarded.breaker_open and guarded.closed_count == 1
+    assert not guarded.breaker.is_open and guarded.breaker.closed_count == 1
     assert "LLM circuit breaker closed" in caplog.text
     assert metric("ac_llm_breaker_open") == 0
     assert metric("ac_llm_breaker_transitions_total", to="closed") == closed_before + 1
@@ -369,7 +369,7 @@ async def test_half_open_breaker_lets_one_probe_through(
     server.fail("500")
     with pytest.raises(LLMUnavailable):
         await guarded(PROMPT)
-    assert guarded.breaker_open
+    assert guarded.breaker.is_open
 
     guarded.retry_budget_s = 10.0
     refused_before = failures("breaker_open")
@@ -392,7 +392,7 @@ async def test_half_open_breaker_lets_one_probe_through(
     assert len(answers) == 5 and all(a.startswith("Summary #1") for a in answers)
     # Waiters are woken by the close, not by their (3 s) fallback timer.
     assert time.monotonic() - released < 1.0
-    assert guarded.closed_count == 1 and not guarded.breaker_open
+    assert guarded.breaker.closed_count == 1 and not guarded.breaker.is_open
 
 
 # -- concurrency and secrets ---------------------------------------------------
@@ -504,7 +504,7 @@ def test_from_settings_maps_fields() -> None:
         llm_timeout_s=20.0,
     )
     guarded = ResilientLLM.from_settings(echo_llm, settings)
-    assert (guarded.failure_threshold, guarded.reset_timeout_s) == (4, 9.0)
+    assert (guarded.breaker.threshold, guarded.breaker.reset_s) == (4, 9.0)
     assert (guarded.retry_budget_s, guarded.max_wait_s) == (60.0, 3.0)
     assert guarded.attempt_timeout_s > 20.0
     assert guarded.concurrency == 7

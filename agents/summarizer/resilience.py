@@ -158,27 +158,6 @@ class ResilientLLM:
             attempt_timeout_s=settings.llm_timeout_s + _ATTEMPT_TIMEOUT_GRACE_S,
         )
 
-    @property
-    def failure_threshold(self) -> int:
-        return self.breaker.threshold
-
-    @property
-    def reset_timeout_s(self) -> float:
-        return self.breaker.reset_s
-
-    @property
-    def breaker_open(self) -> bool:
-        """True from the breaker opening until a probe succeeds (half-open included)."""
-        return self.breaker.is_open
-
-    @property
-    def opened_count(self) -> int:
-        return self.breaker.opened_count
-
-    @property
-    def closed_count(self) -> int:
-        return self.breaker.closed_count
-
     async def aclose(self) -> None:
         """Close the wrapped callable when it holds a client (``OpenAIChat`` does)."""
         close = getattr(self._llm, "aclose", None)
