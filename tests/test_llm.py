@@ -14,11 +14,15 @@ import pytest
 from prometheus_client import REGISTRY
 
 from agents.summarizer import (
+    BreakerOpen,
+    CircuitBreaker,
     FailureLog,
     LLMError,
     LLMUnavailable,
+    OfflineSummarizer,
     OpenAIChat,
     ResilientLLM,
+    build_summarizer,
     llm_session,
     load_llm_callable,
     openai_llm,
@@ -362,6 +366,40 @@ async def test_breaker_opens_fails_fast_and_closes_after_recovery(
     assert metric("ac_llm_breaker_transitions_total", to="closed") == closed_before + 1
 
 
+def test_the_breaker_opens_probes_once_and_ignores_what_says_nothing() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(2, 10.0, probe_wait_s=3.0, clock=lambda: now[0])
+    assert breaker.admit() is False  # closed: not a probe
+    breaker.record(failed=True, probe=False)
+    breaker.record(failed=False, probe=False)  # an answer resets the count
+    breaker.record(failed=True, probe=False)
+    breaker.record(failed=None, probe=False)  # cancelled or cut short: nothing
+    assert breaker.state == "closed"
+    breaker.record(failed=True, probe=False)
+    assert breaker.state == "open" and breaker.opened_count == 1
+    with pytest.raises(BreakerOpen) as refused:
+        breaker.admit()
+    assert refused.value.wait_s == 10.0 and not refused.value.changed.is_set()
+    breaker.record(failed=False, probe=False)  # a straggler admitted before it opened
+    assert breaker.state == "open"
+
+    now[0] = 10.5
+    assert breaker.admit() is True  # the one probe
+    assert refused.value.changed.is_set()  # half-open wakes the waiters
+    with pytest.raises(BreakerOpen) as refused:
+        breaker.admit()
+    assert refused.value.wait_s == 3.0  # until the probe's outcome wakes it
+    breaker.record(failed=None, probe=True)  # the probe said nothing: another may probe
+    assert breaker.admit() is True
+    breaker.record(failed=True, probe=True)
+    assert breaker.state == "open" and breaker.opened_count == 1  # reopened, not counted
+
+    now[0] = 21.0
+    assert breaker.admit() is True
+    breaker.record(failed=False, probe=True)
+    assert breaker.state == "closed" and breaker.closed_count == 1
+
+
 async def test_half_open_breaker_lets_one_probe_through(
     server: FakeOpenAIServer, llm: OpenAIChat
 ) -> None:
@@ -508,3 +546,36 @@ def test_from_settings_maps_fields() -> None:
     assert (guarded.retry_budget_s, guarded.max_wait_s) == (60.0, 3.0)
     assert guarded.attempt_timeout_s > 20.0
     assert guarded.concurrency == 7
+
+
+class _ClosableLLM:
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def __call__(self, prompt: str) -> str:
+        return "summary"
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+closable_llm = _ClosableLLM()
+
+
+async def test_a_summarizer_closes_what_its_llm_holds(server: FakeOpenAIServer) -> None:
+    """The summarize stage's owner calls ``aclose()`` at shutdown: the LLM summarizer
+    passes it on to its callable (the OpenAI client's HTTP pool); the offline one holds
+    nothing."""
+    custom = build_summarizer(Settings(llm_callable="tests.test_llm:closable_llm"))
+    await custom.aclose()
+    assert closable_llm.closed == 1
+
+    chat = openai_llm(make_settings(server))
+    await resilient(chat).aclose()
+    with pytest.raises(RuntimeError, match="client has been closed"):
+        await chat(PROMPT)
+    assert server.requests == []
+
+    offline = build_summarizer(Settings())
+    assert isinstance(offline, OfflineSummarizer)
+    await offline.aclose()

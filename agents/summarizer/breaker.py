@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Final, Literal, NoReturn
 
 from agents.summarizer.llm import LLMError
@@ -44,7 +45,14 @@ class CircuitBreaker:
     decision and the state it changes, so no lock is needed on one event loop.
     """
 
-    def __init__(self, threshold: int, reset_s: float, *, probe_wait_s: float) -> None:
+    def __init__(
+        self,
+        threshold: int,
+        reset_s: float,
+        *,
+        probe_wait_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.threshold = threshold
         self.reset_s = reset_s
         self.probe_wait_s = probe_wait_s  # a refused caller's wait while a probe runs
@@ -53,15 +61,16 @@ class CircuitBreaker:
         self.closed_count = 0
         self.changed = asyncio.Event()  # set, then replaced, on each transition
         self._failures = 0  # consecutive, while closed
-        self._opened_at = 0.0  # monotonic
+        self._opened_at = 0.0
         self._probing = False
+        self._clock = clock
 
     def admit(self) -> bool:
         """Let an attempt run, or raise :class:`BreakerOpen`; True when it is the probe."""
         if self.state == "closed":
             return False
         if self.state == "open":
-            wait_s = self._opened_at + self.reset_s - time.monotonic()
+            wait_s = self._opened_at + self.reset_s - self._clock()
             if wait_s > 0:
                 self._refuse(wait_s)
             self._set("half_open")
@@ -95,7 +104,7 @@ class CircuitBreaker:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()  # wake the callers waiting for the breaker
         if state == "open":
-            self._opened_at = time.monotonic()
+            self._opened_at = self._clock()
             self._failures = 0
             if previous == "half_open":
                 log.info("LLM circuit breaker probe failed; staying open %.1fs", self.reset_s)
