@@ -10,7 +10,7 @@ from functools import partial
 
 from agents import accumulate, summarize
 from agents.ingest_http import ingest_app_from_settings, optional_ingest_settings
-from agents.summarizers import build_summarizer
+from agents.summarizer import build_summarizer
 from streams.app import create_app, require_broker
 from streams.lag import register_lag
 from streams.settings import load_settings

@@ -55,7 +55,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from agents.costs import CostReport
+from agents.summarizer import CostReport
 from schemas import (
     ActionsPayload,
     ActionsWritten,

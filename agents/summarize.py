@@ -17,11 +17,15 @@ from typing import Any
 import orjson
 from faust.types import Message, TableT
 
-from agents.costs import Accounting
-from agents.llm import LLMError, llm_session, usage_of
-from agents.offline import offline_summary
-from agents.prompting import cap_summary
-from agents.summarizers import Summarizer
+from agents.summarizer import (
+    Accounting,
+    LLMError,
+    Summarizer,
+    cap_summary,
+    llm_session,
+    offline_summary,
+    usage_of,
+)
 from schemas import (
     ActionsPayload,
     DeadLetter,

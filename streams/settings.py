@@ -123,7 +123,7 @@ class Settings(BaseSettings):
     format_actions: str | None = None  # dotted path to (list[ActionsPayload]) -> str
     summary_max_chars: int = Field(default=1500, ge=50)
     # USD per million prompt and completion tokens, per model, as JSON:
-    # {"gpt-4o-mini": [0.15, 0.6]} (agents/costs.py).
+    # {"gpt-4o-mini": [0.15, 0.6]} (agents/summarizer/costs.py).
     llm_prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
     llm_daily_token_budget: int = Field(default=0, ge=0)  # per product and UTC day; 0: none
     llm_product_budgets: dict[str, int] = Field(default_factory=dict)  # {"product": tokens}

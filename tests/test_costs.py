@@ -8,11 +8,17 @@ from typing import Any
 
 import pytest
 
-from agents.costs import Accounting
-from agents.llm import Completion, Usage, openai_llm, usage_of
-from agents.prompting import DEFAULT_PROMPT, default_format_actions
-from agents.resilience import ResilientLLM
-from agents.summarizers import LLMSummarizer
+from agents.summarizer import (
+    DEFAULT_PROMPT,
+    Accounting,
+    Completion,
+    LLMSummarizer,
+    ResilientLLM,
+    Usage,
+    default_format_actions,
+    openai_llm,
+    usage_of,
+)
 from schemas import ActionsPayload
 from streams.settings import Settings
 from tests.fakes.openai_server import FakeOpenAIServer

@@ -13,15 +13,21 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from agents.llm import (
+from agents.summarizer import (
+    BreakerOpen,
+    CircuitBreaker,
+    FailureLog,
     LLMError,
+    LLMUnavailable,
+    OfflineSummarizer,
     OpenAIChat,
+    ResilientLLM,
+    build_summarizer,
     llm_session,
     load_llm_callable,
     openai_llm,
     parse_retry_after,
 )
-from agents.resilience import FailureLog, LLMUnavailable, ResilientLLM
 from streams.settings import Settings
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.openai_server import default_reply
@@ -219,7 +225,7 @@ async def test_empty_answers_are_failures(server: FakeOpenAIServer, llm: OpenAIC
     assert await guarded(PROMPT) == default_reply(PROMPT, 1)
 
     assert failures("empty") == before + 2
-    assert guarded.opened_count == 1 and guarded.closed_count == 1  # counted by the breaker
+    assert (guarded.breaker.opened_count, guarded.breaker.closed_count) == (1, 1)
 
 
 async def test_non_retryable_error_raises_at_once(
@@ -236,7 +242,7 @@ async def test_non_retryable_error_raises_at_once(
     assert not caught.value.retryable and caught.value.status_code == 401
     assert len(server.requests) == 1
     assert time.monotonic() - started < 1.0
-    assert not guarded.breaker_open  # a bad request is not an outage
+    assert not guarded.breaker.is_open  # a bad request is not an outage
 
 
 async def test_user_callable_exceptions_and_hangs_are_retried() -> None:
@@ -289,7 +295,7 @@ async def test_each_llm_failure_is_logged_once_and_storms_are_summarised(
 
     token = llm_session.set("sess-42")
     try:
-        with caplog.at_level(logging.WARNING, logger="agents.resilience"):
+        with caplog.at_level(logging.WARNING, logger="agents.summarizer.resilience"):
             with pytest.raises(LLMUnavailable):
                 await resilient(down, retry_budget_s=0.3, failure_threshold=1000)("p")
     finally:
@@ -302,10 +308,10 @@ async def test_each_llm_failure_is_logged_once_and_storms_are_summarised(
     assert any("gave up on session sess-42 after" in line for line in lines), lines
 
     clock = [100.0]
-    monkeypatch.setattr("agents.resilience.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("agents.summarizer.resilience.time.monotonic", lambda: clock[0])
     log = FailureLog(every_s=10)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="agents.resilience"):
+    with caplog.at_level(logging.WARNING, logger="agents.summarizer.resilience"):
         for _ in range(50):  # a storm: 50 failures in 5 s
             log.failed(1, LLMError("429", retryable=True, kind="rate_limited"))
             clock[0] += 0.1
@@ -322,7 +328,7 @@ async def test_each_llm_failure_is_logged_once_and_storms_are_summarised(
 async def test_breaker_opens_fails_fast_and_closes_after_recovery(
     server: FakeOpenAIServer, llm: OpenAIChat, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agents.resilience")
+    caplog.set_level(logging.INFO, logger="agents.summarizer")
     opened_before = metric("ac_llm_breaker_transitions_total", to="open")
     closed_before = metric("ac_llm_breaker_transitions_total", to="closed")
     guarded = resilient(llm, failure_threshold=3, reset_timeout_s=0.5, retry_budget_s=0.3)
@@ -331,7 +337,7 @@ async def test_breaker_opens_fails_fast_and_closes_after_recovery(
     # Three failures open it; the next attempt is refused and the budget ends the call.
     with pytest.raises(LLMUnavailable):
         await guarded(PROMPT)
-    assert guarded.breaker_open and guarded.opened_count == 1
+    assert guarded.breaker.is_open and guarded.breaker.opened_count == 1
     assert len(server.requests) == 3
     assert "LLM circuit breaker opened" in caplog.text
     assert metric("ac_llm_breaker_open") == 1
@@ -354,10 +360,44 @@ async def test_breaker_opens_fails_fast_and_closes_after_recovery(
     last_failure = server.requests[2].completed
     assert last_failure is not None and probe.arrived - last_failure >= 0.45
     assert len(server.requests) == 4
-    assert not guarded.breaker_open and guarded.closed_count == 1
+    assert not guarded.breaker.is_open and guarded.breaker.closed_count == 1
     assert "LLM circuit breaker closed" in caplog.text
     assert metric("ac_llm_breaker_open") == 0
     assert metric("ac_llm_breaker_transitions_total", to="closed") == closed_before + 1
+
+
+def test_the_breaker_opens_probes_once_and_ignores_what_says_nothing() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(2, 10.0, probe_wait_s=3.0, clock=lambda: now[0])
+    assert breaker.admit() is False  # closed: not a probe
+    breaker.record(failed=True, probe=False)
+    breaker.record(failed=False, probe=False)  # an answer resets the count
+    breaker.record(failed=True, probe=False)
+    breaker.record(failed=None, probe=False)  # cancelled or cut short: nothing
+    assert breaker.state == "closed"
+    breaker.record(failed=True, probe=False)
+    assert breaker.state == "open" and breaker.opened_count == 1
+    with pytest.raises(BreakerOpen) as refused:
+        breaker.admit()
+    assert refused.value.wait_s == 10.0 and not refused.value.changed.is_set()
+    breaker.record(failed=False, probe=False)  # a straggler admitted before it opened
+    assert breaker.state == "open"
+
+    now[0] = 10.5
+    assert breaker.admit() is True  # the one probe
+    assert refused.value.changed.is_set()  # half-open wakes the waiters
+    with pytest.raises(BreakerOpen) as refused:
+        breaker.admit()
+    assert refused.value.wait_s == 3.0  # until the probe's outcome wakes it
+    breaker.record(failed=None, probe=True)  # the probe said nothing: another may probe
+    assert breaker.admit() is True
+    breaker.record(failed=True, probe=True)
+    assert breaker.state == "open" and breaker.opened_count == 1  # reopened, not counted
+
+    now[0] = 21.0
+    assert breaker.admit() is True
+    breaker.record(failed=False, probe=True)
+    assert breaker.state == "closed" and breaker.closed_count == 1
 
 
 async def test_half_open_breaker_lets_one_probe_through(
@@ -367,7 +407,7 @@ async def test_half_open_breaker_lets_one_probe_through(
     server.fail("500")
     with pytest.raises(LLMUnavailable):
         await guarded(PROMPT)
-    assert guarded.breaker_open
+    assert guarded.breaker.is_open
 
     guarded.retry_budget_s = 10.0
     refused_before = failures("breaker_open")
@@ -390,7 +430,7 @@ async def test_half_open_breaker_lets_one_probe_through(
     assert len(answers) == 5 and all(a.startswith("Summary #1") for a in answers)
     # Waiters are woken by the close, not by their (3 s) fallback timer.
     assert time.monotonic() - released < 1.0
-    assert guarded.closed_count == 1 and not guarded.breaker_open
+    assert guarded.breaker.closed_count == 1 and not guarded.breaker.is_open
 
 
 # -- concurrency and secrets ---------------------------------------------------
@@ -502,7 +542,40 @@ def test_from_settings_maps_fields() -> None:
         llm_timeout_s=20.0,
     )
     guarded = ResilientLLM.from_settings(echo_llm, settings)
-    assert (guarded.failure_threshold, guarded.reset_timeout_s) == (4, 9.0)
+    assert (guarded.breaker.threshold, guarded.breaker.reset_s) == (4, 9.0)
     assert (guarded.retry_budget_s, guarded.max_wait_s) == (60.0, 3.0)
     assert guarded.attempt_timeout_s > 20.0
     assert guarded.concurrency == 7
+
+
+class _ClosableLLM:
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def __call__(self, prompt: str) -> str:
+        return "summary"
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+closable_llm = _ClosableLLM()
+
+
+async def test_a_summarizer_closes_what_its_llm_holds(server: FakeOpenAIServer) -> None:
+    """The summarize stage's owner calls ``aclose()`` at shutdown: the LLM summarizer
+    passes it on to its callable (the OpenAI client's HTTP pool); the offline one holds
+    nothing."""
+    custom = build_summarizer(Settings(llm_callable="tests.test_llm:closable_llm"))
+    await custom.aclose()
+    assert closable_llm.closed == 1
+
+    chat = openai_llm(make_settings(server))
+    await resilient(chat).aclose()
+    with pytest.raises(RuntimeError, match="client has been closed"):
+        await chat(PROMPT)
+    assert server.requests == []
+
+    offline = build_summarizer(Settings())
+    assert isinstance(offline, OfflineSummarizer)
+    await offline.aclose()

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from agents.pii import PLACEHOLDER, PiiFilter, build_pii_filter
 from agents.pii.presidio import presidio_detectors
-from agents.prompting import build_prompt, default_format_actions
 from agents.session_state import Limits, MemoryBatchStore, apply_payload
+from agents.summarizer import build_prompt, default_format_actions
 from schemas import ActionsPayload
 from streams import metrics
 from streams.settings import ConfigurationError, Settings, from_environment

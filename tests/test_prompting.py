@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.prompting import DEFAULT_PROMPT, build_prompt
+from agents.summarizer import DEFAULT_PROMPT, build_prompt
 from schemas import ActionsPayload
 
 # The fence's tag as a model might read it: a bracket, any slashes and whitespace,

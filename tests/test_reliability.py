@@ -20,7 +20,7 @@ import orjson
 import pytest
 from aiokafka.partitioner import murmur2
 
-from agents.prompting import DEFAULT_PROMPT
+from agents.summarizer import DEFAULT_PROMPT
 from schemas import DeadLetter
 from schemas.text import one_line
 from sinks.files import context_file

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import orjson
 
-from agents.prompting import default_format_actions
+from agents.summarizer import default_format_actions
 from schemas import ActionsPayload
 from sinks.base import Operation
 from sinks.context import SessionContext

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import re
 
+from agents.summarizer.prompting import cap_summary
+from agents.summarizer.protocol import Summarizer
 from schemas import ActionsPayload, SlimAction
 
-__all__ = ["offline_summary"]
+__all__ = ["OfflineSummarizer", "offline_summary"]
 
 _KEY_TYPES = ("submit", "error", "purchase", "upgrade", "delete", "export", "invite", "create")
 _PREVIOUS_PAGES = re.compile(r"Pages: (.*?)\.(?: |$)")
@@ -61,3 +63,15 @@ def offline_summary(
     if last is not None:
         parts.append(f"Last step: {last.description or last.title} ({last.type or 'action'}).")
     return " ".join(parts)
+
+
+class OfflineSummarizer(Summarizer):
+    name = "offline"
+
+    def __init__(self, max_chars: int) -> None:
+        self._max_chars = max_chars
+
+    async def summarize(
+        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+    ) -> str:
+        return cap_summary(offline_summary(previous, payloads, total=total), self._max_chars)

@@ -3,9 +3,9 @@
 Why each piece:
 - the semaphore bounds load on the provider; it is held only while an attempt
   runs, so callers backing off do not starve callers ready to go;
-- the breaker (purgatory) stops a fleet of sessions from hammering a provider
-  that is down: while it is open, callers wait for the half-open time and a
-  single probe decides whether it closes again;
+- the breaker (:mod:`agents.summarizer.breaker`) stops a fleet of sessions from
+  hammering a provider that is down: while it is open, callers wait for the
+  half-open time and a single probe decides whether it closes again;
 - retries use full-jitter exponential backoff (tenacity), but never shorter than
   the server's Retry-After, and stop once ``retry_budget_s`` is spent, so a
   summary is either produced or failed within a known time;
@@ -20,31 +20,20 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import Final
 
-from purgatory import AsyncCircuitBreakerFactory, ContextChanged, Event
-from purgatory.domain.model import OpenedState
 from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception
 from tenacity.wait import wait_random_exponential
 
-from agents.llm import LLMCallable, LLMError, llm_session
-from streams.metrics import (
-    BREAKER_STATE,
-    BREAKER_TRANSITIONS,
-    LLM_FAILURES,
-    LLM_IN_FLIGHT,
-    LLM_LATENCY,
-)
+from agents.summarizer.breaker import BreakerOpen, CircuitBreaker
+from agents.summarizer.llm import LLMCallable, LLMError, llm_session
+from streams.metrics import LLM_FAILURES, LLM_IN_FLIGHT, LLM_LATENCY
 from streams.settings import Settings
-
-if TYPE_CHECKING:  # not re-exported by purgatory; typing only
-    from purgatory.service._async.circuitbreaker import AsyncCircuitBreaker
 
 __all__ = ["LLMUnavailable", "ResilientLLM"]
 
 log = logging.getLogger(__name__)
 
-_CIRCUIT: Final = "llm"
 # Extra time a ResilientLLM built from settings gives an attempt beyond the HTTP
 # client's own timeout, so the client's clearer timeout error normally wins.
 _ATTEMPT_TIMEOUT_GRACE_S: Final = 5.0
@@ -96,19 +85,6 @@ class LLMUnavailable(LLMError):
         self.attempts = attempts
 
 
-class _BreakerOpen(LLMError):
-    """An attempt refused because the breaker is open (or a probe is running)."""
-
-    def __init__(self, wait_s: float, changed: asyncio.Event) -> None:
-        super().__init__(
-            f"LLM circuit breaker is open; next probe in {wait_s:.2f}s",
-            retryable=True,
-            kind="breaker_open",
-        )
-        self.wait_s = wait_s
-        self.changed = changed
-
-
 @dataclass
 class _Call:
     """Per-call retry state shared by the attempt, wait and sleep hooks."""
@@ -122,6 +98,14 @@ class _Call:
 
 def _should_retry(exc: BaseException) -> bool:
     return isinstance(exc, LLMError) and exc.retryable and not isinstance(exc, LLMUnavailable)
+
+
+def _check_answer(answer: object) -> None:
+    """A blank or missing answer is a retryable failure, like a provider's empty one."""
+    if answer is None or (isinstance(answer, str) and not answer.strip()):
+        raise LLMError("the LLM returned an empty answer", retryable=True, kind="empty")
+    if not isinstance(answer, str):
+        raise TypeError(f"LLM callable returned {type(answer).__name__}, not str")
 
 
 class ResilientLLM:
@@ -154,27 +138,13 @@ class ResilientLLM:
         self.failures = FailureLog()
         self.concurrency = concurrency
         self._semaphore = asyncio.Semaphore(concurrency)
-        self.failure_threshold = failure_threshold
-        self.reset_timeout_s = reset_timeout_s
         self.retry_budget_s = retry_budget_s
         self.max_wait_s = max_wait_s
         self.attempt_timeout_s = attempt_timeout_s
         self._backoff = wait_random_exponential(multiplier=base_wait_s, max=max_wait_s)
-        # Non-retryable errors (a bad request, a bad key) prove the endpoint is up:
-        # they must neither count towards opening the breaker nor keep it open.
-        self._breakers = AsyncCircuitBreakerFactory(
-            default_threshold=failure_threshold,
-            default_ttl=reset_timeout_s,
-            exclude=[(LLMError, lambda exc: not exc.retryable)],
+        self.breaker = CircuitBreaker(
+            failure_threshold, reset_timeout_s, probe_wait_s=attempt_timeout_s
         )
-        self._breakers.add_listener(self._on_breaker_event)
-        self._breaker: AsyncCircuitBreaker | None = None
-        # purgatory lets every call through while half-open; we allow one probe.
-        self._probing = False  # no await between test and set, so a flag suffices
-        self._changed = asyncio.Event()  # replaced (after being set) on each transition
-        self._open = False
-        self.opened_count = 0
-        self.closed_count = 0
 
     @classmethod
     def from_settings(cls, llm: LLMCallable, settings: Settings) -> ResilientLLM:
@@ -188,16 +158,17 @@ class ResilientLLM:
             attempt_timeout_s=settings.llm_timeout_s + _ATTEMPT_TIMEOUT_GRACE_S,
         )
 
-    @property
-    def breaker_open(self) -> bool:
-        """True from the breaker opening until a probe succeeds (half-open included)."""
-        return self._open
+    async def aclose(self) -> None:
+        """Close the wrapped callable when it holds a client (``OpenAIChat`` does)."""
+        close = getattr(self._llm, "aclose", None)
+        if close is not None:
+            await close()
 
     async def __call__(self, prompt: str) -> str:
         call = _Call()
         try:
-            # The first attempt runs outside tenacity, whose set-up costs more CPU
-            # than the rest of a call together; a failure enters the retry loop below.
+            # The first attempt runs outside tenacity, whose set-up costs more CPU than
+            # the rest of a call together (docs/performance.md); a failure enters it.
             return await self._attempt(prompt, call)
         except LLMError as exc:
             if not _should_retry(exc):
@@ -253,71 +224,37 @@ class ResilientLLM:
                     last_cause=call.last_error,
                     attempts=call.attempts,
                 )
-            breaker = await self._get_breaker()
-            probing = self._claim_probe(breaker)
-            try:
-                return await self._guarded(breaker, prompt, call)
-            finally:
-                if probing:
-                    self._probing = False
+            return await self._guarded(prompt, call)
 
-    def _claim_probe(self, breaker: AsyncCircuitBreaker) -> bool:
-        """Refuse the attempt while open; when it may half-open, let one caller probe."""
-        context = breaker.context
-        if context.state == "closed":
-            return False
-        until_half_open = self._until_half_open(breaker)
-        if context.state == "opened" and until_half_open > 0:
-            self._refuse(until_half_open)
-        if self._probing:
-            # A probe is running; its outcome (a transition) wakes us, else this.
-            self._refuse(self.attempt_timeout_s)
-        self._probing = True
-        return True
-
-    def _until_half_open(self, breaker: AsyncCircuitBreaker) -> float:
-        # purgatory stamps opened_at with time.time(), so compare on that clock.
-        opened_at = breaker.context.opened_at or 0.0
-        return opened_at + self.reset_timeout_s - time.time()
-
-    def _refuse(self, wait_s: float) -> NoReturn:
-        LLM_FAILURES.labels("breaker_open").inc()
-        raise _BreakerOpen(max(wait_s, 0.01), self._changed)
-
-    async def _guarded(self, breaker: AsyncCircuitBreaker, prompt: str, call: _Call) -> str:
-        try:
-            await breaker.__aenter__()
-        except OpenedState:  # another attempt reopened it since _claim_probe
-            self._refuse(self._until_half_open(breaker))
+    async def _guarded(self, prompt: str, call: _Call) -> str:
+        probe = self.breaker.admit()  # raises BreakerOpen while open
+        failed: bool | None = None  # None: the attempt says nothing about the endpoint
         call.attempts += 1  # counts calls made, not refusals by the breaker
-        remaining = (call.deadline or 0.0) - time.monotonic()
-        timeout_s = min(self.attempt_timeout_s, remaining)
+        timeout_s = min(self.attempt_timeout_s, (call.deadline or 0.0) - time.monotonic())
         started = time.monotonic()
         LLM_IN_FLIGHT.inc()
         try:
             async with asyncio.timeout(timeout_s):
                 answer = await self._llm(prompt)
-            if not isinstance(answer, str):
-                raise TypeError(f"LLM callable returned {type(answer).__name__}, not str")
+            _check_answer(answer)
+            failed = False
         except Exception as exc:
             failure = self._as_llm_error(exc, timeout_s)
             call.last_error = failure
             LLM_FAILURES.labels(failure.kind).inc()
             self.failures.failed(call.attempts, failure)
-            # A timeout we shortened to fit the budget says little about the
-            # endpoint, so the breaker is not told (leaving it untouched is neutral).
+            # A bad request or key proves the endpoint up; a timeout we shortened to fit
+            # the budget says little about it (test_non_retryable_error_raises_at_once).
             cut_short = isinstance(exc, TimeoutError) and timeout_s < self.attempt_timeout_s
-            if not cut_short:
-                await breaker.__aexit__(type(failure), failure, failure.__traceback__)
+            failed = None if cut_short else failure.retryable
             if failure is exc:
                 raise
             raise failure from exc
-        # CancelledError (shutdown, rebalance) passes through untouched: it says
-        # nothing about the endpoint, so the breaker is not told either.
+        # CancelledError (shutdown, rebalance) leaves ``failed`` None: the breaker is not told.
         finally:
             LLM_IN_FLIGHT.dec()
+            self.breaker.record(failed=failed, probe=probe)
         LLM_LATENCY.observe(time.monotonic() - started)
-        await breaker.__aexit__(None, None, None)
         return answer
 
     @staticmethod
@@ -334,11 +271,11 @@ class ResilientLLM:
     def _wait(self, state: RetryCallState, call: _Call) -> float:
         exc = state.outcome.exception() if state.outcome else None
         call.wake_on_change = None
-        if isinstance(exc, _BreakerOpen):
+        if isinstance(exc, BreakerOpen):
             # Wait for the half-open time (plus a little jitter so waiters do not
             # arrive together), or less if the breaker changes state meanwhile.
             call.wake_on_change = exc.changed
-            return exc.wait_s + random.uniform(0.0, min(0.25, self.reset_timeout_s / 10))
+            return exc.wait_s + random.uniform(0.0, min(0.25, self.breaker.reset_s / 10))
         wait = self._backoff(state)
         if isinstance(exc, LLMError) and exc.retry_after is not None:
             wait = max(wait, min(exc.retry_after, self.max_wait_s))
@@ -357,32 +294,3 @@ class ResilientLLM:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await changed.wait()
-
-    async def _get_breaker(self) -> AsyncCircuitBreaker:
-        if self._breaker is None:
-            self._breaker = await self._breakers.get_breaker(_CIRCUIT)
-        return self._breaker
-
-    def _on_breaker_event(self, name: str, event_name: str, event: Event) -> None:
-        if event_name != "state_changed" or not isinstance(event, ContextChanged):
-            return
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()  # wake callers waiting for the breaker
-        if event.state == "opened" and not self._open:
-            self._open = True
-            self.opened_count += 1
-            BREAKER_STATE.set(1)
-            BREAKER_TRANSITIONS.labels(to="open").inc()
-            log.warning(
-                "LLM circuit breaker opened after %d consecutive failures; next probe in %.1fs",
-                self.failure_threshold,
-                self.reset_timeout_s,
-            )
-        elif event.state == "opened":
-            log.info("LLM circuit breaker probe failed; staying open %.1fs", self.reset_timeout_s)
-        elif event.state == "closed" and self._open:
-            self._open = False
-            self.closed_count += 1
-            BREAKER_STATE.set(0)
-            BREAKER_TRANSITIONS.labels(to="closed").inc()
-            log.warning("LLM circuit breaker closed; the LLM answered again")

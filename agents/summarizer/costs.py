@@ -1,13 +1,13 @@
 """What summaries cost: tokens and money per product and model, and a daily token budget.
 
-Tokens come from each LLM answer's reported usage (:class:`agents.llm.Usage`); money
-from ``AC_LLM_PRICES`` (USD per million prompt and completion tokens, per model).
+Tokens come from each LLM answer's reported usage (:class:`agents.summarizer.llm.Usage`);
+money from ``AC_LLM_PRICES`` (USD per million prompt and completion tokens, per model).
 Past ``AC_LLM_DAILY_TOKEN_BUDGET`` tokens in a UTC day for one product (or its own
-figure in ``AC_LLM_PRODUCT_BUDGETS``), that
-product's summaries come from the offline summarizer until the day ends: nothing is
-dropped, and the LLM resumes the next day. The budget is counted by each pipeline
-worker for the sessions it owns (a restart starts the day's count again): with N
-workers, a product may spend up to N times the budget.
+figure in ``AC_LLM_PRODUCT_BUDGETS``), that product's summaries come from the offline
+summarizer until the day ends: nothing is dropped, and the LLM resumes the next day.
+The budget is counted by each pipeline worker for the sessions it owns (a restart
+starts the day's count again): with N workers, a product may spend up to N times the
+budget.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from agents.llm import Usage
+from agents.summarizer.llm import Usage
 from schemas import SummaryUsage
 from streams import metrics
 

@@ -1,28 +1,19 @@
-"""What turns (previous summary, new actions) into the next rolling summary.
+"""The LLM summarizer, and the choice of summarizer from settings.
 
 ``LLMSummarizer`` builds the prompt and calls any ``async (prompt) -> str``
-through :class:`agents.resilience.ResilientLLM`; ``OfflineSummarizer`` needs no
-network. ``build_summarizer`` picks one from settings and validates the prompt
-and the plug-ins at start-up.
+through :class:`agents.summarizer.resilience.ResilientLLM`; ``build_summarizer``
+picks it or the offline one from settings and validates the prompt and the
+plug-ins at start-up.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Any, Protocol
 
-from agents.llm import (
-    Completion,
-    LLMCallable,
-    LLMError,
-    load_llm_callable,
-    openai_llm,
-    usage_of,
-)
-from agents.offline import offline_summary
 from agents.pii import PiiFilter, build_pii_filter
-from agents.prompting import (
+from agents.summarizer.llm import Completion, load_llm_callable, openai_llm, usage_of
+from agents.summarizer.offline import OfflineSummarizer
+from agents.summarizer.prompting import (
     DEFAULT_PROMPT,
     ActionsFormatter,
     build_prompt,
@@ -30,49 +21,18 @@ from agents.prompting import (
     default_format_actions,
     validate_template,
 )
-from agents.resilience import ResilientLLM
+from agents.summarizer.protocol import Summarizer
+from agents.summarizer.resilience import ResilientLLM
 from schemas import ActionsPayload
+from streams.hooks import load_callable
 from streams.settings import ConfigurationError, Settings
 
-__all__ = ["LLMSummarizer", "OfflineSummarizer", "Summarizer", "build_summarizer"]
+__all__ = ["LLMSummarizer", "build_summarizer"]
 
 log = logging.getLogger(__name__)
 
 
-class Summarizer(Protocol):
-    name: str
-
-    async def summarize(
-        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
-    ) -> str:
-        """The next rolling summary; ``total`` is the session's action count after
-        ``payloads`` (the request's ``seq_to``), for summarizers that state it."""
-        ...
-
-
-class OfflineSummarizer:
-    name = "offline"
-
-    def __init__(self, max_chars: int) -> None:
-        self._max_chars = max_chars
-
-    async def summarize(
-        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
-    ) -> str:
-        return cap_summary(offline_summary(previous, payloads, total=total), self._max_chars)
-
-
-def _non_empty(llm: LLMCallable) -> LLMCallable:
-    async def call(prompt: str) -> str:
-        answer = await llm(prompt)
-        if not isinstance(answer, str) or not answer.strip():
-            raise LLMError("the LLM returned an empty answer", retryable=True, kind="empty")
-        return answer
-
-    return call
-
-
-class LLMSummarizer:
+class LLMSummarizer(Summarizer):
     name = "llm"
 
     def __init__(
@@ -103,22 +63,13 @@ class LLMSummarizer:
         answer = await self.llm(prompt)
         return Completion(cap_summary(answer, self._max_chars), usage_of(answer))
 
-
-def _import(dotted: str) -> Any:
-    module_name, _, attr = dotted.replace(":", ".").rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigurationError(f"cannot import {dotted!r}: {exc}") from None
+    async def aclose(self) -> None:
+        await self.llm.aclose()
 
 
 def _formatter(settings: Settings) -> ActionsFormatter:
-    if not settings.format_actions:
-        return default_format_actions
-    formatter = _import(settings.format_actions)
-    if not callable(formatter):
-        raise ConfigurationError(f"AC_FORMAT_ACTIONS {settings.format_actions!r} is not callable")
-    return formatter  # type: ignore[no-any-return]
+    formatter = load_callable(settings.format_actions, "AC_FORMAT_ACTIONS")
+    return formatter or default_format_actions
 
 
 def _template(settings: Settings) -> str:
@@ -149,7 +100,7 @@ def build_summarizer(settings: Settings) -> Summarizer:
         return OfflineSummarizer(settings.summary_max_chars)
     log.info("summarizer: %s", source)
     return LLMSummarizer(
-        ResilientLLM.from_settings(_non_empty(llm), settings),
+        ResilientLLM.from_settings(llm, settings),
         template=template,
         formatter=formatter,
         max_chars=settings.summary_max_chars,

@@ -1,0 +1,27 @@
+"""What turns (previous summary, new actions) into the next rolling summary."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from schemas import ActionsPayload
+
+__all__ = ["Summarizer"]
+
+
+class Summarizer(Protocol):
+    """The summarize stage's view of a summarizer; subclass it to inherit ``aclose``."""
+
+    name: str
+
+    async def summarize(
+        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+    ) -> str:
+        """The next rolling summary; ``total`` is the session's action count after
+        ``payloads`` (the request's ``seq_to``), for summarizers that state it."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the summarizer holds (an HTTP client); called once, at shutdown.
+        A no-op unless a summarizer holds something."""
+        return None
