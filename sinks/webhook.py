@@ -10,7 +10,7 @@
   with the secret, the header the SDK's ``WebhookReceiver`` verifies;
 - ``Idempotency-Key``: derived from the operation alone (session, generation,
   op type, sequence range), so a redelivery (a retry, a replay after a crash)
-  carries the same key and the receiver can drop it (the SDK has no key: D5).
+  carries the same key and the receiver can drop it (the SDK sends no key).
 
 Answers: 2xx (and 409, "already have it") done; 429 waits per ``Retry-After`` /
 ``X-RateLimit-Reset``; 5xx, 408 and timeouts are retried; any other 4xx is a
@@ -26,12 +26,19 @@ from typing import Any
 
 import httpx
 import orjson
-from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
+from pydantic import AnyHttpUrl, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sinks.base import Operation, PermanentSinkError
+from sinks._http import (
+    NonBlankSecret,
+    RateLimitGate,
+    describe,
+    quiet_httpx_logging,
+    scrub,
+    send,
+)
+from sinks.base import Operation, PermanentSinkError, Sink
 from sinks.context import SessionContext
-from sinks.http_retry import RateLimitGate, describe, quiet_httpx_logging, scrub, send
 from streams import signing
 from streams.settings import Settings, from_environment
 
@@ -48,19 +55,11 @@ class WebhookSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AC_WEBHOOK_", extra="ignore")
 
     url: AnyHttpUrl
-    secret: SecretStr
+    secret: NonBlankSecret  # the SDK's receiver accepts everything when its secret is empty
     timeout_s: float = Field(default=10.0, gt=0)
     attempts: int = Field(default=4, ge=1)
     max_concurrency: int = Field(default=16, ge=1)
     include_context: bool = True
-
-    @field_validator("secret")
-    @classmethod
-    def _secret_not_blank(cls, value: SecretStr) -> SecretStr:
-        # The SDK's receiver accepts everything when its secret is empty: never sign with one.
-        if not value.get_secret_value().strip():
-            raise ValueError("must not be empty")
-        return value
 
     @classmethod
     def load(cls) -> WebhookSettings:
@@ -78,7 +77,7 @@ def sign(body: bytes, secret: str) -> str:
     return signing.sign(secret, body)
 
 
-class WebhookSink:
+class WebhookSink(Sink):
     name = "webhook"
 
     def __init__(

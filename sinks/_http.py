@@ -1,4 +1,4 @@
-"""HTTP delivery helpers shared by the HTTP sinks (Intercom, webhook).
+"""The one HTTP delivery helper of the HTTP sinks (Intercom, webhook): :func:`send`.
 
 What they add over a bare ``httpx`` call, and why:
 
@@ -8,15 +8,16 @@ What they add over a bare ``httpx`` call, and why:
   that destination waits at the gate. Hammering a rate-limited API from many
   session lanes at once only prolongs the limit.
 - **Transient failures are retried a few times, fast**, inside the call (429,
-  5xx, 408, timeouts, connection errors). After that a :class:`TransientHTTPError`
+  5xx, 408, timeouts, connection errors), by the tenacity policy of
+  :mod:`streams.retry` (jittered backoff, never shorter than the server asked).
+  After that a :class:`TransientHTTPError`
   is raised: the sink runner retries the operation with capped backoff, and the
   session's lane waits meanwhile, so order is kept.
 - **A request that may have been applied is never blindly repeated** unless the
   caller says the request is idempotent. A timeout or a 5xx after the request
-  was sent leaves the outcome unknown (the SDK's D3: a note posted but never
-  recorded). For such requests :func:`send` raises at once with
-  ``maybe_delivered=True``, so the caller can look at the destination before
-  trying again.
+  was sent leaves the outcome unknown (a note posted but never recorded). For
+  such requests :func:`send` raises at once with ``maybe_delivered=True``, so
+  the caller can look at the destination before trying again.
 - **No secrets in errors**: messages carry the method, the path and the status
   (plus a short error code from the body), with any known secret scrubbed.
 """
@@ -24,21 +25,25 @@ What they add over a bare ``httpx`` call, and why:
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import logging
 import random
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from typing import Annotated, Any
 
 import httpx
+from pydantic import AfterValidator, SecretStr
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+
+from streams.retry import backoff, retry_after, wait_hinted
 
 __all__ = [
     "RETRYABLE_STATUSES",
+    "NonBlankSecret",
     "RateLimitGate",
     "TransientHTTPError",
+    "describe",
     "quiet_httpx_logging",
-    "retry_delay",
     "scrub",
     "send",
 ]
@@ -50,6 +55,17 @@ log = logging.getLogger(__name__)
 # 409 for "duplicate Idempotency-Key" passes a set without it.
 RETRYABLE_STATUSES = frozenset({408, 409, 425})
 MAX_RATE_LIMIT_WAIT_S = 120.0
+
+
+def _not_blank(value: SecretStr) -> SecretStr:
+    # Blank: no credentials at all, or (a webhook secret) a signature anyone can make.
+    if not value.get_secret_value().strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+NonBlankSecret = Annotated[SecretStr, AfterValidator(_not_blank)]
+"""A token or signing secret: blank is refused at start-up."""
 
 
 def quiet_httpx_logging() -> None:
@@ -65,15 +81,22 @@ class TransientHTTPError(Exception):
 
     ``maybe_delivered`` is true when the request may have been applied anyway
     (a timeout or a 5xx after the request was sent): check before repeating a
-    request that is not idempotent.
+    request that is not idempotent. ``retry_after``: seconds the destination asked
+    us to wait (a 429), capped.
     """
 
     def __init__(
-        self, message: str, *, status: int | None = None, maybe_delivered: bool = False
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        maybe_delivered: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.maybe_delivered = maybe_delivered
+        self.retry_after = retry_after
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
@@ -82,32 +105,6 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text
-
-
-def retry_delay(
-    headers: Mapping[str, str], *, now: float | None = None, default: float = 1.0
-) -> float:
-    """Seconds to wait after a 429, from ``X-RateLimit-Reset`` or ``Retry-After``.
-
-    ``X-RateLimit-Reset`` is a Unix timestamp in whole seconds (Intercom), so a
-    reset "now" still means the current second: wait at least a little.
-    """
-    now = time.time() if now is None else now
-    reset = headers.get("x-ratelimit-reset")
-    if reset:
-        try:
-            return min(max(float(reset) - now, 0.05), MAX_RATE_LIMIT_WAIT_S)
-        except ValueError:
-            pass
-    after = headers.get("retry-after")
-    if after:
-        try:
-            return min(max(float(after), 0.0), MAX_RATE_LIMIT_WAIT_S)
-        except ValueError:
-            parsed = email.utils.parsedate_to_datetime(after) if after.strip() else None
-            if parsed is not None:
-                return min(max(parsed.timestamp() - now, 0.0), MAX_RATE_LIMIT_WAIT_S)
-    return default
 
 
 class RateLimitGate:
@@ -176,40 +173,44 @@ async def send(
     ``attempts`` raises :class:`TransientHTTPError`.
     """
     secrets = tuple(secrets)
-    last: TransientHTTPError | None = None
-    for attempt in range(1, max(attempts, 1) + 1):
+
+    def failure(detail: str, **how: Any) -> TransientHTTPError:
+        return TransientHTTPError(scrub(f"{label}{detail}", secrets), **how)
+
+    async def attempt() -> httpx.Response:
         await gate.wait()
         try:
             response = await client.request(method, url, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # Never reached the destination: safe to repeat.
-            last = TransientHTTPError(
-                scrub(f"{label}{describe(method, url)}: {type(exc).__name__}", secrets)
-            )
+            raise failure(f"{describe(method, url)}: {type(exc).__name__}") from None
         except (httpx.TimeoutException, httpx.TransportError) as exc:
-            last = TransientHTTPError(
-                scrub(f"{label}{describe(method, url)}: {type(exc).__name__}", secrets),
-                maybe_delivered=True,
-            )
-            if not idempotent:
-                raise last from None
-        else:
-            status = response.status_code
-            if status != 429 and status < 500 and status not in retry_statuses:
-                return response
-            text = scrub(f"{label}{describe(method, url, response)}", secrets)
-            if status == 429:
-                delay = retry_delay(response.headers)
-                gate.close_for(delay)
-                log.info("%s; rate limited, waiting %.2fs", text, delay)
-                last = TransientHTTPError(text, status=status)
-                continue  # the gate does the waiting
-            maybe = status >= 500
-            last = TransientHTTPError(text, status=status, maybe_delivered=maybe)
-            if maybe and not idempotent:
-                raise last
-        if attempt < attempts:
-            delay = min(backoff_s * 2 ** (attempt - 1), max_backoff_s)
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-    assert last is not None
-    raise last
+            text = f"{describe(method, url)}: {type(exc).__name__}"
+            raise failure(text, maybe_delivered=True) from None
+        status = response.status_code
+        if status != 429 and status < 500 and status not in retry_statuses:
+            return response
+        text = describe(method, url, response)
+        if status == 429:
+            delay = retry_after(response.headers, reset_header="x-ratelimit-reset")
+            delay = min(1.0 if delay is None else delay, MAX_RATE_LIMIT_WAIT_S)
+            gate.close_for(delay)
+            log.info("%s; rate limited, waiting %.2fs", scrub(label + text, secrets), delay)
+            raise failure(text, status=status, retry_after=delay)
+        raise failure(text, status=status, maybe_delivered=status >= 500)
+
+    def retryable(exc: BaseException) -> bool:
+        # A request that may have been applied is repeated only when that is harmless.
+        return isinstance(exc, TransientHTTPError) and (idempotent or not exc.maybe_delivered)
+
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(max(attempts, 1)),
+        wait=wait_hinted(backoff(backoff_s, max_backoff_s), _asked_wait),
+        retry=retry_if_exception(retryable),
+        reraise=True,
+    )
+    return await retrying(attempt)
+
+
+def _asked_wait(exc: BaseException) -> float | None:
+    return exc.retry_after if isinstance(exc, TransientHTTPError) else None
