@@ -250,9 +250,7 @@ async def test_http_sinks_close_their_clients_on_stop(
         "AC_WEBHOOK_URL": "http://127.0.0.1:9/hook",
         "AC_WEBHOOK_SECRET": "s3cret-0123",
     }
-    sink = Pipeline(env, tmp_path, workers).start_sink(
-        "tests.support.sink_plugins:closing_check"
-    )
+    sink = Pipeline(env, tmp_path, workers).start_sink("tests.support.sink_plugins:closing_check")
     await sink.wait_ready()
     sink.stop()  # SIGTERM: the runner's shutdown calls the sink's aclose()
     assert read_plugin_records(tmp_path, f"{builtin}-closed") == [{"closed": True}]
