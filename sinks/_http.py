@@ -33,9 +33,8 @@ from typing import Annotated, Any
 
 import httpx
 from pydantic import AfterValidator, SecretStr
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
-from streams.retry import backoff, retry_after, wait_hinted
+from streams.retry import backoff, retry_after, retry_call, wait_hinted
 
 __all__ = [
     "RETRYABLE_STATUSES",
@@ -203,13 +202,12 @@ async def send(
         # A request that may have been applied is repeated only when that is harmless.
         return isinstance(exc, TransientHTTPError) and (idempotent or not exc.maybe_delivered)
 
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(max(attempts, 1)),
+    return await retry_call(
+        attempt,
+        retry=retryable,
         wait=wait_hinted(backoff(backoff_s, max_backoff_s), _asked_wait),
-        retry=retry_if_exception(retryable),
-        reraise=True,
+        attempts=max(attempts, 1),
     )
-    return await retrying(attempt)
 
 
 def _asked_wait(exc: BaseException) -> float | None:
