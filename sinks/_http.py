@@ -1,4 +1,4 @@
-"""The one HTTP delivery helper of the HTTP sinks (Intercom, webhook): :func:`send`.
+"""The one HTTP delivery helper of the HTTP sinks (Intercom, webhook): :class:`Destination`.
 
 What they add over a bare ``httpx`` call, and why:
 
@@ -16,8 +16,9 @@ What they add over a bare ``httpx`` call, and why:
 - **A request that may have been applied is never blindly repeated** unless the
   caller says the request is idempotent. A timeout or a 5xx after the request
   was sent leaves the outcome unknown (a note posted but never recorded). For
-  such requests :func:`send` raises at once with ``maybe_delivered=True``, so
-  the caller can look at the destination before trying again.
+  such requests :meth:`Destination.send` raises at once with
+  ``maybe_delivered=True``, so the caller can look at the destination before
+  trying again.
 - **No secrets in errors**: messages carry the method, the path and the status
   (plus a short error code from the body), with any known secret scrubbed.
 """
@@ -38,13 +39,13 @@ from streams.retry import backoff, retry_after, retry_call, wait_hinted
 
 __all__ = [
     "RETRYABLE_STATUSES",
+    "Destination",
     "NonBlankSecret",
     "RateLimitGate",
     "TransientHTTPError",
     "describe",
     "quiet_httpx_logging",
     "scrub",
-    "send",
 ]
 
 log = logging.getLogger(__name__)
@@ -151,63 +152,97 @@ def describe(method: str, url: httpx.URL | str, response: httpx.Response | None 
     return f"{method} {path}: HTTP {response.status_code}{reason}"
 
 
-async def send(
-    client: httpx.AsyncClient,
-    method: str,
-    url: str,
-    *,
-    gate: RateLimitGate,
-    idempotent: bool,
-    attempts: int = 4,
-    backoff_s: float = 0.2,
-    max_backoff_s: float = 5.0,
-    retry_statuses: frozenset[int] = RETRYABLE_STATUSES,
-    secrets: Iterable[str] = (),
-    label: str = "",
-    **kwargs: Any,
-) -> httpx.Response:
-    """Send with the retries described above; returns any non-retryable response.
+class Destination:
+    """One HTTP destination of a sink: its client, its rate-limit gate (shared by all
+    the session lanes), its cap on requests in flight, and :meth:`send`."""
 
-    The caller decides what a 4xx means; every retryable outcome that outlasts
-    ``attempts`` raises :class:`TransientHTTPError`.
-    """
-    secrets = tuple(secrets)
+    def __init__(
+        self,
+        *,
+        label: str,
+        timeout_s: float,
+        max_concurrency: int,
+        attempts: int,
+        secrets: Iterable[str] = (),
+        retry_statuses: frozenset[int] = RETRYABLE_STATUSES,
+        headers: dict[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        **client: Any,
+    ) -> None:
+        quiet_httpx_logging()
+        self.label, self.attempts, self.retry_statuses = label, attempts, retry_statuses
+        self.secrets = tuple(secrets)
+        self.client = httpx.AsyncClient(
+            timeout=timeout_s,
+            headers={"User-Agent": "agent-context-streams", **(headers or {})},
+            limits=httpx.Limits(max_connections=max_concurrency * 2),
+            transport=transport,
+            **client,
+        )
+        self.gate = RateLimitGate()
+        self._max_concurrency = max_concurrency
+        self._slots: asyncio.Semaphore | None = None  # made in the running loop
 
-    def failure(detail: str, **how: Any) -> TransientHTTPError:
-        return TransientHTTPError(scrub(f"{label}{detail}", secrets), **how)
+    def error(self, method: str, url: str, response: httpx.Response | None = None) -> str:
+        """``<label> <method> <path>: HTTP <status> (<code>)``, secrets scrubbed."""
+        return scrub(f"{self.label} {describe(method, url, response)}", self.secrets)
 
-    async def attempt() -> httpx.Response:
-        await gate.wait()
-        try:
-            response = await client.request(method, url, **kwargs)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            # Never reached the destination: safe to repeat.
-            raise failure(f"{describe(method, url)}: {type(exc).__name__}") from None
-        except (httpx.TimeoutException, httpx.TransportError) as exc:
-            text = f"{describe(method, url)}: {type(exc).__name__}"
-            raise failure(text, maybe_delivered=True) from None
-        status = response.status_code
-        if status != 429 and status < 500 and status not in retry_statuses:
-            return response
-        text = describe(method, url, response)
-        if status == 429:
-            delay = retry_after(response.headers, reset_header="x-ratelimit-reset")
-            delay = min(1.0 if delay is None else delay, MAX_RATE_LIMIT_WAIT_S)
-            gate.close_for(delay)
-            log.info("%s; rate limited, waiting %.2fs", scrub(label + text, secrets), delay)
-            raise failure(text, status=status, retry_after=delay)
-        raise failure(text, status=status, maybe_delivered=status >= 500)
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
-    def retryable(exc: BaseException) -> bool:
-        # A request that may have been applied is repeated only when that is harmless.
-        return isinstance(exc, TransientHTTPError) and (idempotent or not exc.maybe_delivered)
+    async def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        idempotent: bool,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """Send with the retries described above; returns any non-retryable response.
 
-    return await retry_call(
-        attempt,
-        retry=retryable,
-        wait=wait_hinted(backoff(backoff_s, max_backoff_s), _asked_wait),
-        attempts=max(attempts, 1),
-    )
+        The caller decides what a 4xx means; every retryable outcome that outlasts
+        ``attempts`` raises :class:`TransientHTTPError`.
+        """
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._max_concurrency)
+
+        async def attempt() -> httpx.Response:
+            await self.gate.wait()
+            try:
+                response = await self.client.request(method, url, **kwargs)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                # Never reached the destination: safe to repeat.
+                raise TransientHTTPError(
+                    f"{self.error(method, url)}: {type(exc).__name__}"
+                ) from None
+            except (httpx.TimeoutException, httpx.TransportError) as exc:
+                text = f"{self.error(method, url)}: {type(exc).__name__}"
+                raise TransientHTTPError(text, maybe_delivered=True) from None
+            status = response.status_code
+            if status != 429 and status < 500 and status not in self.retry_statuses:
+                return response
+            text = self.error(method, url, response)
+            if status == 429:
+                delay = retry_after(response.headers, reset_header="x-ratelimit-reset")
+                delay = min(1.0 if delay is None else delay, MAX_RATE_LIMIT_WAIT_S)
+                self.gate.close_for(delay)
+                log.info("%s; rate limited, waiting %.2fs", text, delay)
+                raise TransientHTTPError(text, status=status, retry_after=delay)
+            raise TransientHTTPError(text, status=status, maybe_delivered=status >= 500)
+
+        def retryable(exc: BaseException) -> bool:
+            # A request that may have been applied is repeated only when that is harmless.
+            return isinstance(exc, TransientHTTPError) and (idempotent or not exc.maybe_delivered)
+
+        async with self._slots:
+            return await retry_call(
+                attempt,
+                retry=retryable,
+                wait=wait_hinted(backoff(backoff_s, max_backoff_s), _asked_wait),
+                attempts=max(self.attempts, 1),
+            )
 
 
 def _asked_wait(exc: BaseException) -> float | None:

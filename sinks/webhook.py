@@ -20,7 +20,6 @@ session holds because the lane waits until the receiver took the operation.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from typing import Any
 
@@ -29,14 +28,7 @@ import orjson
 from pydantic import AnyHttpUrl, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sinks._http import (
-    NonBlankSecret,
-    RateLimitGate,
-    describe,
-    quiet_httpx_logging,
-    scrub,
-    send,
-)
+from sinks._http import Destination, NonBlankSecret
 from sinks.base import Operation, PermanentSinkError, Sink
 from sinks.context import SessionContext
 from streams import signing
@@ -45,8 +37,6 @@ from streams.settings import Settings, from_environment
 __all__ = ["WebhookSettings", "WebhookSink", "idempotency_key", "sign"]
 
 SIGNATURE_HEADER = "X-Connector-Signature"
-# 409 is not retried here: receivers use it for "I have this Idempotency-Key already".
-WEBHOOK_RETRYABLE = frozenset({408, 425})
 
 
 class WebhookSettings(BaseSettings):
@@ -85,18 +75,19 @@ class WebhookSink(Sink):
     ) -> None:
         self.settings = settings
         self._secret = settings.secret.get_secret_value()
-        self._client = httpx.AsyncClient(
-            timeout=settings.timeout_s,
-            headers={"User-Agent": "agent-context-streams"},
-            limits=httpx.Limits(max_connections=settings.max_concurrency * 2),
+        # 409 is not retried here: receivers use it for "I have this Idempotency-Key already".
+        self.http = Destination(
+            label="webhook",
+            timeout_s=settings.timeout_s,
+            max_concurrency=settings.max_concurrency,
+            attempts=settings.attempts,
+            secrets=(self._secret,),
+            retry_statuses=frozenset({408, 425}),
             transport=transport,
         )
-        self._gate = RateLimitGate()
-        self._slots: asyncio.Semaphore | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WebhookSink:
-        quiet_httpx_logging()
         return cls(WebhookSettings.load())
 
     def __repr__(self) -> str:
@@ -137,28 +128,11 @@ class WebhookSink(Sink):
             "Idempotency-Key": key,
         }
         url = str(self.settings.url)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.settings.max_concurrency)
-        async with self._slots:
-            # Safe to repeat: the receiver drops a second delivery by its key.
-            response = await send(
-                self._client,
-                "POST",
-                url,
-                gate=self._gate,
-                idempotent=True,
-                attempts=self.settings.attempts,
-                retry_statuses=WEBHOOK_RETRYABLE,
-                secrets=(self._secret,),
-                label="webhook ",
-                content=raw,
-                headers=headers,
-            )
+        # Safe to repeat: the receiver drops a second delivery by its key.
+        response = await self.http.send("POST", url, idempotent=True, content=raw, headers=headers)
         if response.is_success or response.status_code == 409:
             return
-        raise PermanentSinkError(
-            scrub(f"webhook {describe('POST', url, response)}", (self._secret,))
-        )
+        raise PermanentSinkError(self.http.error("POST", url, response))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.http.aclose()

@@ -172,7 +172,7 @@ def test_settings_name_what_is_missing_and_never_show_the_token(
     monkeypatch.delenv("AC_INTERCOM_API_BASE")
     settings = IntercomSettings.load()
     sink = IntercomSink(IntercomAPI(settings))
-    assert TOKEN not in repr(settings) + repr(sink) + repr(sink.api._client.auth)
+    assert TOKEN not in repr(settings) + repr(sink) + repr(sink.api.http.client.auth)
 
 
 def test_rate_limit_delay_comes_from_the_headers() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Generator
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from sinks._http import RateLimitGate, TransientHTTPError, describe, scrub, send
+from sinks._http import Destination, TransientHTTPError
 from sinks.base import PermanentSinkError
 from sinks.intercom.settings import IntercomSettings
 
@@ -50,46 +49,26 @@ class IntercomAPI:
         self, settings: IntercomSettings, *, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         self.settings = settings
-        self._secrets = (settings.token.get_secret_value(),)
-        self._client = httpx.AsyncClient(
+        self.http = Destination(
+            label="Intercom",
+            timeout_s=settings.timeout_s,
+            max_concurrency=settings.max_concurrency,
+            attempts=settings.attempts,
+            secrets=(settings.token.get_secret_value(),),
+            headers={"Accept": "application/json", "Intercom-Version": settings.version},
+            transport=transport,
             base_url=settings.api_base.rstrip("/"),
             auth=_BearerAuth(settings.token),
-            headers={
-                "Accept": "application/json",
-                "Intercom-Version": settings.version,
-                "User-Agent": "agent-context-streams",
-            },
-            timeout=settings.timeout_s,
-            limits=httpx.Limits(max_connections=settings.max_concurrency * 2),
-            transport=transport,
         )
-        self.gate = RateLimitGate()
-        self._slots: asyncio.Semaphore | None = None
 
     def __repr__(self) -> str:
         return f"<IntercomAPI {self.settings.api_base} admin={self.settings.admin_id}>"
 
     async def aclose(self) -> None:
-        await self._client.aclose()
-
-    async def _send(self, method: str, path: str, *, idempotent: bool, **kw: Any) -> httpx.Response:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.settings.max_concurrency)
-        async with self._slots:
-            return await send(
-                self._client,
-                method,
-                path,
-                gate=self.gate,
-                idempotent=idempotent,
-                attempts=self.settings.attempts,
-                secrets=self._secrets,
-                label="Intercom ",
-                **kw,
-            )
+        await self.http.aclose()
 
     def _unexpected(self, method: str, path: str, response: httpx.Response) -> Exception:
-        text = scrub(f"Intercom {describe(method, path, response)}", self._secrets)
+        text = self.http.error(method, path, response)
         if response.status_code == 401:
             # A revoked or wrong token is an outage to fix, not a verdict on this
             # operation: keep it (the lane waits, retried with backoff) and say so.
@@ -106,7 +85,7 @@ class IntercomAPI:
             "admin_id": self.settings.admin_id,
             "body": body,
         }
-        response = await self._send("POST", path, idempotent=False, json=payload)
+        response = await self.http.send("POST", path, idempotent=False, json=payload)
         if response.status_code == 404:
             raise ConversationNotFound(conversation_id)
         if not response.is_success:
@@ -121,7 +100,7 @@ class IntercomAPI:
             "conversation_id": conversation_id,
             "conversation_part_id": part_id,
         }
-        response = await self._send("POST", path, idempotent=True, json=payload)
+        response = await self.http.send("POST", path, idempotent=True, json=payload)
         if response.is_success or response.status_code == 404:
             return True
         if response.status_code in (400, 422) and "not_redactable" in response.text:
@@ -135,7 +114,7 @@ class IntercomAPI:
     async def conversation(self, conversation_id: str) -> tuple[list[dict[str, Any]], bool]:
         """The conversation's parts, and whether they are all of them (max 500)."""
         path = f"/conversations/{conversation_id}"
-        response = await self._send("GET", path, idempotent=True)
+        response = await self.http.send("GET", path, idempotent=True)
         if response.status_code == 404:
             raise ConversationNotFound(conversation_id)
         if not response.is_success:

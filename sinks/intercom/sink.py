@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 from schemas import SummaryReady
-from sinks._http import TransientHTTPError, quiet_httpx_logging
+from sinks._http import TransientHTTPError
 from sinks.base import Operation, PermanentSinkError, Sink
 from sinks.context import SessionContext, summary_block
 from sinks.intercom.api import ConversationMissing, ConversationNotFound, IntercomAPI
@@ -71,7 +71,6 @@ class IntercomSink(Sink):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> IntercomSink:
-        quiet_httpx_logging()
         return cls(IntercomAPI(IntercomSettings.load()))
 
     def __repr__(self) -> str:

@@ -98,6 +98,6 @@ def closing_check(settings: Settings) -> Any:
     from sinks.registry import load_sink
 
     sink: Any = load_sink(os.environ["AC_CLOSE_CHECK_SINK"], settings)
-    client = sink.api._client if hasattr(sink, "api") else sink._client
+    client = (sink.api.http if hasattr(sink, "api") else sink.http).client
     atexit.register(lambda: append_record(f"{sink.name}-closed", {"closed": client.is_closed}))
     return sink
