@@ -16,6 +16,8 @@ What the SDK's Intercom example gets wrong, and what this sink does instead:
   generation, kind, range); after a restart or an attempt of unknown outcome the
   sink reads the conversation once and rebuilds its bookkeeping from the notes
   there (:mod:`sinks.intercom.state`), so a note is never posted twice.
+- Notes go in sequence order, one operation at a time per session, and a
+  summary note always before its redactions.
 """
 
 from __future__ import annotations
@@ -76,8 +78,6 @@ class IntercomSink(Sink):
     def __repr__(self) -> str:
         return f"<IntercomSink {self.api!r}>"
 
-    # -- the protocol --------------------------------------------------------
-
     async def apply(self, op: Operation, context: SessionContext) -> None:
         with self._bookkeeping(context) as state:
             if op.conversation_id:
@@ -127,8 +127,6 @@ class IntercomSink(Sink):
             await self._redact_pending(state)
         finally:
             store(context, state)  # what is left is retried with the erasure
-
-    # -- steps ------------------------------------------------------------------
 
     @contextmanager
     def _bookkeeping(self, context: SessionContext) -> Iterator[IntercomState]:
@@ -231,8 +229,6 @@ class IntercomSink(Sink):
         await self._post(context, state, kind, seq_from, seq_to, "\n\n".join(texts), when=when)
         if summary_waiting:
             state.summary_to = max(state.summary_to, context.summary_to)
-
-    # -- destination calls ---------------------------------------------------------
 
     async def _post(
         self,
