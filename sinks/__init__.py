@@ -1,0 +1,1 @@
+"""Sink workers: the sink contract (base.py), the runner, and the built-in sinks."""

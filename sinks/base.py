@@ -1,30 +1,54 @@
-"""The sink protocol.
+"""The sink contract: what a destination implements, and when the runner calls it.
 
-A sink is what the SDK calls a destination: ``write_actions(session_id, text)``
-and ``overwrite_with_summary(session_id, summary)``. Existing SDK callbacks plug
-in unchanged through :class:`CallbackSink`. Sinks that need more (the sequence
-range, their own bookkeeping) implement :class:`ContextSink.apply`, which gets
-the operation and the session's context *after* it.
+To add a sink, subclass :class:`Sink`, set ``name``, implement ``apply``, and
+name it in ``AC_SINK`` (a built-in name, an entry point or a dotted path:
+``sinks/registry.py``). ``sinks/files.py`` is a short example; ``sinks/webhook.py``
+one over HTTP, with ``sinks/_http.py`` for retries and rate limits. The SDK's two
+callables (``write_actions``, ``overwrite_with_summary``) plug in unchanged
+through :class:`CallbackSink`.
+
+The lifecycle, in one sink worker (``sinks/runner.py``):
+
+1. ``from_settings(settings)`` builds the sink once; read the sink's own settings
+   here (``AC_<NAME>_*``), so that bad ones stop the worker at start.
+2. ``await setup()``, once, before the first operation: open clients, load
+   models. Raising stops the worker.
+3. ``await apply(op, context)`` for every operation, one at a time per session
+   in sequence order, sessions concurrently. ``context`` is the session's context
+   *after* ``op``; ``context.extra`` is the sink's own JSON bookkeeping, saved
+   once ``apply`` returns. Any exception is retried with backoff while the
+   session waits; :class:`PermanentSinkError` dead-letters the operation instead.
+   After a crash an operation may come again: ``apply`` must be idempotent.
+4. ``await link(session_id, conversation_id, context)``, only for a
+   :class:`LinkAwareSink`, in the same per-session order as the operations.
+5. ``await erase(session_id, context)`` on an erasure request: remove what the
+   sink delivered for the session (the default removes nothing).
+6. ``await aclose()``, once, on a stop, after the last operation: close clients.
+
+A plug-in that does not subclass :class:`Sink` may leave out any step but
+``apply``: the runner calls only what is there.
 """
 
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 from schemas import ActionsWritten, SummaryReady
 from schemas.text import printable
 from sinks.context import SessionContext
 from streams.hooks import Hook, fire
+from streams.settings import Settings
 
 __all__ = [
     "CallbackSink",
     "ContextSink",
-    "ErasingSink",
-    "LifecycleSink",
     "LinkAwareSink",
+    "Operation",
     "PermanentSinkError",
+    "Sink",
     "erase_at_destination",
     "start_sink",
     "stop_sink",
@@ -39,11 +63,37 @@ class PermanentSinkError(Exception):
 
 @runtime_checkable
 class ContextSink(Protocol):
+    """What the runner needs of any sink, subclass of :class:`Sink` or not."""
+
     name: str
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         """Deliver ``op``. Must be idempotent for a redelivery after a crash."""
         ...
+
+
+class Sink(ABC):
+    """The base of a sink: steps 1-6 of this module's docstring, all but ``apply``
+    with a default."""
+
+    name: str
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Self:
+        return cls()
+
+    async def setup(self) -> None:
+        return None
+
+    @abstractmethod
+    async def apply(self, op: Operation, context: SessionContext) -> None:
+        """Deliver ``op``. Must be idempotent for a redelivery after a crash."""
+
+    async def erase(self, session_id: str, context: SessionContext) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
 
 
 @runtime_checkable
@@ -59,35 +109,20 @@ class LinkAwareSink(ContextSink, Protocol):
         ...
 
 
-@runtime_checkable
-class LifecycleSink(Protocol):
-    """Optional for any sink: ``setup()`` before its first operation (open clients, load
-    models), ``aclose()`` after its last one, on a stop. The runner calls both."""
-
-    async def setup(self) -> None: ...
-
-    async def aclose(self) -> None: ...
-
-
 async def start_sink(sink: object) -> None:
+    """Step 2, for any sink."""
     if callable(setup := getattr(sink, "setup", None)):
         await setup()
 
 
-@runtime_checkable
-class ErasingSink(Protocol):
-    """Optional for any sink: remove everything it delivered for a session (an erasure
-    request, ``agent-context erase``). Without it the runner only forgets the context."""
-
-    async def erase(self, session_id: str, context: SessionContext) -> None: ...
-
-
 async def erase_at_destination(sink: object, context: SessionContext) -> None:
+    """Step 5, for any sink."""
     if callable(erase := getattr(sink, "erase", None)):
         await erase(context.session_id, context)
 
 
 async def stop_sink(sink: object) -> None:
+    """Step 6, for any sink."""
     if callable(aclose := getattr(sink, "aclose", None)):
         await aclose()
 
@@ -98,7 +133,7 @@ async def _call(fn: Callable[..., Any], *args: Any) -> None:
         await result
 
 
-class CallbackSink:
+class CallbackSink(Sink):
     """Adapts the SDK's two callables (sync or async) to :class:`ContextSink`."""
 
     def __init__(

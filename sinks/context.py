@@ -109,10 +109,8 @@ class SessionContext(BaseModel):
         )
 
     def _copy(self, **changes: Any) -> SessionContext:
-        """A copy with ``changes``; the sink's ``extra`` is copied deep (a sink may change
-        it), the batches are shared (never changed in place). Fix (found with py-spy on a
-        backlog, where summaries trail their actions): a deep copy of the whole context
-        made every operation O(window)."""
+        """A copy with ``changes``: the sink's ``extra`` copied deep (a sink may change it),
+        the batches shared, never changed in place (test_context.py: ..._shares_batches...)."""
         extra = copy.deepcopy(self.extra) if self.extra else {}
         return self.model_copy(update={"extra": extra, **changes})
 

@@ -9,7 +9,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from sinks.base import Operation
+from sinks.base import Operation, Sink
 from sinks.context import SessionContext
 from streams.settings import Settings
 
@@ -38,7 +38,7 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
-class FilesSink:
+class FilesSink(Sink):
     name = "files"
 
     def __init__(self, directory: Path) -> None:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from sinks.base import Operation
+from sinks.base import Operation, Sink
 from sinks.context import SessionContext
-from streams.settings import Settings
 
 __all__ = ["NullSink"]
 
 
-class NullSink:
+class NullSink(Sink):
     name = "null"
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> NullSink:
-        return cls()
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         return None

@@ -6,19 +6,14 @@ import sys
 
 from schemas import ActionsWritten
 from schemas.text import one_line
-from sinks.base import Operation
+from sinks.base import Operation, Sink
 from sinks.context import SessionContext
-from streams.settings import Settings
 
 __all__ = ["StdoutSink"]
 
 
-class StdoutSink:
+class StdoutSink(Sink):
     name = "stdout"
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> StdoutSink:
-        return cls()
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         if isinstance(op, ActionsWritten):

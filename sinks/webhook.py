@@ -10,7 +10,7 @@
   with the secret, the header the SDK's ``WebhookReceiver`` verifies;
 - ``Idempotency-Key``: derived from the operation alone (session, generation,
   op type, sequence range), so a redelivery (a retry, a replay after a crash)
-  carries the same key and the receiver can drop it (the SDK has no key: D5).
+  carries the same key and the receiver can drop it (the SDK sends no key).
 
 Answers: 2xx (and 409, "already have it") done; 429 waits per ``Retry-After`` /
 ``X-RateLimit-Reset``; 5xx, 408 and timeouts are retried; any other 4xx is a
@@ -20,26 +20,23 @@ session holds because the lane waits until the receiver took the operation.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from typing import Any
 
 import httpx
 import orjson
-from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
+from pydantic import AnyHttpUrl, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sinks.base import Operation, PermanentSinkError
+from sinks._http import Destination, NonBlankSecret
+from sinks.base import Operation, PermanentSinkError, Sink
 from sinks.context import SessionContext
-from sinks.http_retry import RateLimitGate, describe, quiet_httpx_logging, scrub, send
 from streams import signing
 from streams.settings import Settings, from_environment
 
 __all__ = ["WebhookSettings", "WebhookSink", "idempotency_key", "sign"]
 
 SIGNATURE_HEADER = "X-Connector-Signature"
-# 409 is not retried here: receivers use it for "I have this Idempotency-Key already".
-WEBHOOK_RETRYABLE = frozenset({408, 425})
 
 
 class WebhookSettings(BaseSettings):
@@ -48,19 +45,11 @@ class WebhookSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AC_WEBHOOK_", extra="ignore")
 
     url: AnyHttpUrl
-    secret: SecretStr
+    secret: NonBlankSecret  # the SDK's receiver accepts everything when its secret is empty
     timeout_s: float = Field(default=10.0, gt=0)
     attempts: int = Field(default=4, ge=1)
     max_concurrency: int = Field(default=16, ge=1)
     include_context: bool = True
-
-    @field_validator("secret")
-    @classmethod
-    def _secret_not_blank(cls, value: SecretStr) -> SecretStr:
-        # The SDK's receiver accepts everything when its secret is empty: never sign with one.
-        if not value.get_secret_value().strip():
-            raise ValueError("must not be empty")
-        return value
 
     @classmethod
     def load(cls) -> WebhookSettings:
@@ -78,7 +67,7 @@ def sign(body: bytes, secret: str) -> str:
     return signing.sign(secret, body)
 
 
-class WebhookSink:
+class WebhookSink(Sink):
     name = "webhook"
 
     def __init__(
@@ -86,18 +75,19 @@ class WebhookSink:
     ) -> None:
         self.settings = settings
         self._secret = settings.secret.get_secret_value()
-        self._client = httpx.AsyncClient(
-            timeout=settings.timeout_s,
-            headers={"User-Agent": "agent-context-streams"},
-            limits=httpx.Limits(max_connections=settings.max_concurrency * 2),
+        # 409 is not retried here: receivers use it for "I have this Idempotency-Key already".
+        self.http = Destination(
+            label="webhook",
+            timeout_s=settings.timeout_s,
+            max_concurrency=settings.max_concurrency,
+            attempts=settings.attempts,
+            secrets=(self._secret,),
+            retry_statuses=frozenset({408, 425}),
             transport=transport,
         )
-        self._gate = RateLimitGate()
-        self._slots: asyncio.Semaphore | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WebhookSink:
-        quiet_httpx_logging()
         return cls(WebhookSettings.load())
 
     def __repr__(self) -> str:
@@ -138,28 +128,11 @@ class WebhookSink:
             "Idempotency-Key": key,
         }
         url = str(self.settings.url)
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.settings.max_concurrency)
-        async with self._slots:
-            # Safe to repeat: the receiver drops a second delivery by its key.
-            response = await send(
-                self._client,
-                "POST",
-                url,
-                gate=self._gate,
-                idempotent=True,
-                attempts=self.settings.attempts,
-                retry_statuses=WEBHOOK_RETRYABLE,
-                secrets=(self._secret,),
-                label="webhook ",
-                content=raw,
-                headers=headers,
-            )
+        # Safe to repeat: the receiver drops a second delivery by its key.
+        response = await self.http.send("POST", url, idempotent=True, content=raw, headers=headers)
         if response.is_success or response.status_code == 409:
             return
-        raise PermanentSinkError(
-            scrub(f"webhook {describe('POST', url, response)}", (self._secret,))
-        )
+        raise PermanentSinkError(self.http.error("POST", url, response))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.http.aclose()

@@ -34,6 +34,14 @@ def summary(to: int, text: str = "sum", final: bool = False) -> SummaryReady:
     )
 
 
+def test_advancing_shares_batches_and_copies_the_sinks_bookkeeping() -> None:
+    ctx = SessionContext(session_id="s", extra={"notes": [1]}).advanced(written(1, 3))
+    later = ctx.advanced(written(4, 6))
+    assert later.batches[0] is ctx.batches[0]  # O(1) per operation, not O(window)
+    later.extra["notes"].append(2)
+    assert ctx.extra == {"notes": [1]}
+
+
 def test_summary_replaces_only_the_batches_it_covers() -> None:
     ctx = SessionContext(session_id="s")
     for op in (written(1, 3), written(4, 6), written(7, 9)):

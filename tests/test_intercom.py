@@ -19,9 +19,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from schemas import ActionsPayload, ActionsWritten, SessionLink, SummaryReady
+from sinks._http import TransientHTTPError
 from sinks.base import LinkAwareSink, PermanentSinkError
 from sinks.context import SessionContext, Skip
-from sinks.http_retry import TransientHTTPError, retry_delay
 from sinks.intercom import (
     IntercomAPI,
     IntercomSettings,
@@ -30,6 +30,7 @@ from sinks.intercom import (
     parse_note,
     session_ref,
 )
+from streams.retry import retry_after
 from streams.settings import ConfigurationError
 from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.intercom_server import FakeIntercomServer, Part
@@ -171,15 +172,19 @@ def test_settings_name_what_is_missing_and_never_show_the_token(
     monkeypatch.delenv("AC_INTERCOM_API_BASE")
     settings = IntercomSettings.load()
     sink = IntercomSink(IntercomAPI(settings))
-    assert TOKEN not in repr(settings) + repr(sink) + repr(sink.api._client.auth)
+    assert TOKEN not in repr(settings) + repr(sink) + repr(sink.api.http.client.auth)
 
 
 def test_rate_limit_delay_comes_from_the_headers() -> None:
-    assert retry_delay({"x-ratelimit-reset": "1010"}, now=1000.0) == 10.0
-    assert retry_delay({"x-ratelimit-reset": "999"}, now=1000.0) == 0.05
-    assert retry_delay({"retry-after": "3"}, now=1000.0) == 3.0
-    assert retry_delay({"retry-after": "Thu, 01 Jan 1970 00:16:50 GMT"}, now=1000.0) == 10.0
-    assert retry_delay({}, default=1.5) == 1.5
+    reset = "X-RateLimit-Reset"
+    assert retry_after({"x-ratelimit-reset": "1010"}, now=1000.0, reset_header=reset) == 10.0
+    assert retry_after({"x-ratelimit-reset": "999"}, now=1000.0, reset_header=reset) == 0.05
+    assert retry_after({"x-ratelimit-reset": "999"}, now=1000.0) is None  # not asked for
+    assert retry_after({"Retry-After": "3"}, now=1000.0) == 3.0
+    assert retry_after({"retry-after-ms": "250", "retry-after": "3"}) == 0.25
+    assert retry_after({"retry-after": "Thu, 01 Jan 1970 00:16:50 GMT"}, now=1000.0) == 10.0
+    assert retry_after({"retry-after": "soon"}) is None
+    assert retry_after({}) is None
 
 
 async def test_summary_goes_first_and_redacts_only_what_it_covers() -> None:

@@ -234,3 +234,23 @@ async def test_a_slow_sink_never_holds_back_another_and_plug_ins_get_everything_
         summaries = [c for c in calls[sid] if c["call"] == "overwrite_with_summary"]
         assert len(summaries) == len(crossings[sid]), sid
     stop_all(workers)
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("builtin", ["intercom", "webhook"])
+async def test_http_sinks_close_their_clients_on_stop(
+    builtin: str, worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    env = {
+        **worker_env,
+        "AC_PLUGIN_DIR": str(tmp_path),
+        "AC_CLOSE_CHECK_SINK": builtin,
+        "AC_INTERCOM_TOKEN": "tok-0123456789",
+        "AC_INTERCOM_ADMIN_ID": "1",
+        "AC_WEBHOOK_URL": "http://127.0.0.1:9/hook",
+        "AC_WEBHOOK_SECRET": "s3cret-0123",
+    }
+    sink = Pipeline(env, tmp_path, workers).start_sink("tests.support.sink_plugins:closing_check")
+    await sink.wait_ready()
+    sink.stop()  # SIGTERM: the runner's shutdown calls the sink's aclose()
+    assert read_plugin_records(tmp_path, f"{builtin}-closed") == [{"closed": True}]

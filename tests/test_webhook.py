@@ -13,9 +13,9 @@ import pytest
 from autoplay_sdk.webhook_receiver import WebhookReceiver as SdkWebhookReceiver
 
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
+from sinks._http import TransientHTTPError
 from sinks.base import PermanentSinkError
 from sinks.context import SessionContext
-from sinks.http_retry import TransientHTTPError
 from sinks.webhook import WebhookSettings, WebhookSink, idempotency_key, sign
 from streams.settings import ConfigurationError
 from streams.synthetic import interleaved_payloads, plan_sessions

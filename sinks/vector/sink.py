@@ -16,7 +16,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import ActionsWritten, SummaryReady
-from sinks.base import Operation
+from sinks.base import Operation, Sink
 from sinks.context import SessionContext
 from sinks.vector.lance import LanceStore, WordLlamaEmbedder
 from sinks.vector.store import CallbackStore, Embedder, Kind, VectorRecord, VectorStore, record_id
@@ -57,7 +57,7 @@ class CallableEmbedder:
         return [[float(x) for x in await call(self._embed, text)] for text in texts]
 
 
-class VectorSink:
+class VectorSink(Sink):
     name = "vector"
 
     def __init__(

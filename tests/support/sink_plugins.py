@@ -7,6 +7,7 @@ file per sink, so a test can check order and completeness from outside.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +19,14 @@ from sinks.base import Operation
 from sinks.context import SessionContext
 from streams.settings import Settings
 
-__all__ = ["SlowSink", "append_record", "make_counting_sink", "plugin_file", "sync_pair"]
+__all__ = [
+    "SlowSink",
+    "append_record",
+    "closing_check",
+    "make_counting_sink",
+    "plugin_file",
+    "sync_pair",
+]
 
 
 def plugin_file(name: str) -> Path:
@@ -82,3 +90,14 @@ def _overwrite(session_id: str, summary: str) -> None:
 
 # A plain synchronous pair, as SDK users often have.
 sync_pair = SimpleNamespace(write_actions=_write, overwrite_with_summary=_overwrite)
+
+
+def closing_check(settings: Settings) -> Any:
+    """The built-in HTTP sink ``AC_CLOSE_CHECK_SINK`` names (intercom, webhook); at exit
+    it records whether the sink's HTTP client was closed, in ``<name>-closed.jsonl``."""
+    from sinks.registry import load_sink
+
+    sink: Any = load_sink(os.environ["AC_CLOSE_CHECK_SINK"], settings)
+    client = (sink.api.http if hasattr(sink, "api") else sink.http).client
+    atexit.register(lambda: append_record(f"{sink.name}-closed", {"closed": client.is_closed}))
+    return sink
