@@ -29,15 +29,14 @@ import orjson
 from pydantic import AnyHttpUrl, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.connector import SIGNATURE_HEADER, sign
 from sinks.base import Operation, PermanentSinkError
 from sinks.context import SessionContext
 from sinks.http_retry import RateLimitGate, describe, quiet_httpx_logging, scrub, send
-from streams import signing
 from streams.settings import Settings, from_environment
 
-__all__ = ["WebhookSettings", "WebhookSink", "idempotency_key", "sign"]
+__all__ = ["WebhookSettings", "WebhookSink", "idempotency_key"]
 
-SIGNATURE_HEADER = "X-Connector-Signature"
 # 409 is not retried here: receivers use it for "I have this Idempotency-Key already".
 WEBHOOK_RETRYABLE = frozenset({408, 425})
 
@@ -71,11 +70,6 @@ def idempotency_key(op: Operation) -> str:
     """Stable for the same operation however often it is delivered; unique per operation."""
     identity = orjson.dumps([op.session_id, op.generation, op.op, op.seq_from, op.seq_to])
     return hashlib.sha256(identity).hexdigest()
-
-
-def sign(body: bytes, secret: str) -> str:
-    """The ``X-Connector-Signature`` value for ``body``."""
-    return signing.sign(secret, body)
 
 
 class WebhookSink:
@@ -134,7 +128,7 @@ class WebhookSink:
         raw = orjson.dumps(body)
         headers = {
             "Content-Type": "application/json",
-            SIGNATURE_HEADER: sign(raw, self._secret),
+            SIGNATURE_HEADER: sign(self._secret, raw),
             "Idempotency-Key": key,
         }
         url = str(self.settings.url)

@@ -24,9 +24,9 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from schemas import DeadLetter, encode
 from streams.settings import Settings
-from streams.synthetic import interleaved_payloads, plan_sessions
 from streams.topics import ensure_topics
 from tests.support.cli import cli, cli_command
 from tests.support.kafka_io import delete_topics_at_the_end
