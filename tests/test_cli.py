@@ -295,7 +295,7 @@ async def test_produce_file_dead_letters_invalid_lines(deployment: Deployment) -
     array.write_bytes(orjson.dumps([payload(f"pa{t}", "One"), {"actions": []}]))
     done = await cli(deployment.env, "produce-file", str(array))
     assert done.returncode == 3
-    assert f"{array}:item 2: invalid ActionsPayload" in done.stderr
+    assert f"{array}:item 2: missing event type" in done.stderr  # parse_frame's rule
     assert "produced 1 payloads (1 actions)" in done.stdout
 
     # All valid, from stdin: exit 0.

@@ -32,13 +32,12 @@ from agents.cli.common import (
     run,
     settings_for,
 )
-from agents.ingest.producer import ActionsProducer
+from agents.ingest.producer import ActionsProducer, input_dead_letter
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from schemas import (
-    DeadLetter,
     InvalidMessage,
 )
-from schemas.connector import parse_actions, session_hint
+from schemas.connector import parse_actions
 from streams.lanes import Lanes
 from streams.settings import Settings
 from streams.topics import ACTIONS, DEAD_LETTERS, LINKS, ensure_topics
@@ -216,18 +215,14 @@ def produce_file(
         await ensure_topics(settings)
         async with ActionsProducer.from_settings(settings) as producer:
             for record, reason in invalid:
-                await producer.dead_letter(
-                    DeadLetter(
-                        reason=reason,
-                        stage="produce-file",
-                        source_topic=f"file:{name}",
-                        partition=-1,
-                        offset=record.number,  # the line (or array item) number
-                        key=session_hint(record.raw),
-                        original_b64=DeadLetter.encode_original(record.raw),
-                        failed_at=time.time(),
-                    )
+                letter = input_dead_letter(
+                    record.raw,
+                    reason,
+                    stage="produce-file",
+                    source=f"file:{name}",
+                    offset=record.number,  # the line (or array item) number
                 )
+                await producer.dead_letter(letter)
             with progress_bar(f"producing {name}") as progress:
                 advance = progress_callback(progress, total=len(valid))
                 await OrderedProduce(producer, on_done=advance).all(valid)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,9 +32,10 @@ from agents.ingest.producer import (
     DeadLetterTarget,
     RawActionsWriter,
     dead_letter_writer,
+    input_dead_letter,
 )
-from schemas import DeadLetter, InvalidMessage
-from schemas.connector import SIGNATURE_HEADER, parse_frame, session_hint, verify
+from schemas import InvalidMessage
+from schemas.connector import SIGNATURE_HEADER, parse_frame, verify
 from streams import metrics
 from streams.settings import ConfigurationError, Settings, from_environment
 
@@ -92,16 +92,7 @@ def create_ingest_app(
     write_dead_letter = dead_letter_writer(dead_letters if dead_letters is not None else producer)  # type: ignore[arg-type]
 
     async def dead_letter(body: bytes, reason: str) -> web.Response:
-        letter = DeadLetter(
-            reason=reason,
-            stage="ingest",
-            source_topic="http",
-            partition=-1,
-            offset=-1,
-            key=session_hint(body),
-            original_b64=DeadLetter.encode_original(body),
-            failed_at=time.time(),
-        )
+        letter = input_dead_letter(body, reason, stage="ingest", source="http")
         try:
             async with asyncio.timeout(produce_timeout_s):
                 await write_dead_letter(letter)

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from schemas import DeadLetter, EraseRequest, InvalidMessage, SessionLink, decode, encode
 from schemas.connector import ACTIONS as ACTIONS_FRAME
-from schemas.connector import parse_actions
+from schemas.connector import parse_actions, session_hint
 from streams.settings import Settings
 from streams.topics import ACTIONS, DEAD_LETTERS, LINKS, MESSAGE_MAX_BYTES
 
@@ -34,6 +34,7 @@ __all__ = [
     "ProduceError",
     "RawActionsWriter",
     "dead_letter_writer",
+    "input_dead_letter",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,23 @@ def dead_letter_writer(target: DeadLetterTarget) -> Callable[[DeadLetter], Await
     if callable(target):
         return target
     raise TypeError(f"dead letters need an async callable or a producer, got {target!r}")
+
+
+def input_dead_letter(
+    original: bytes, reason: str, *, stage: str, source: str, offset: int = -1
+) -> DeadLetter:
+    """The dead letter of an input read from no topic (HTTP, SSE, a file's line
+    ``offset``), keyed by the session it names."""
+    return DeadLetter(
+        reason=reason,
+        stage=stage,
+        source_topic=source,
+        partition=-1,
+        offset=offset,
+        key=session_hint(original),
+        original_b64=DeadLetter.encode_original(original),
+        failed_at=time.time(),
+    )
 
 
 class ActionsProducer:

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,9 +40,10 @@ from agents.ingest.producer import (
     ProduceError,
     RawActionsWriter,
     dead_letter_writer,
+    input_dead_letter,
 )
-from schemas import DeadLetter, InvalidMessage
-from schemas.connector import parse_frame, session_hint
+from schemas import InvalidMessage
+from schemas.connector import parse_frame
 from streams import metrics
 from streams.hooks import Hook, fire, load_callable
 from streams.settings import HttpURL
@@ -253,7 +253,7 @@ class SSEBridge:
         try:
             frame = parse_frame(raw)
         except InvalidMessage as exc:
-            await self._dead_letter(raw, exc.reason, session_hint(raw))
+            await self._dead_letter(raw, exc.reason)
             return
         if frame.actions is None:
             SSE_EVENTS.labels("ignored").inc()
@@ -264,17 +264,8 @@ class SSEBridge:
             self.delivered += 1
             SSE_EVENTS.labels("delivered").inc()
 
-    async def _dead_letter(self, raw: bytes, reason: str, key: str | None = None) -> None:
-        letter = DeadLetter(
-            reason=reason,
-            stage="sse",
-            source_topic="sse",
-            partition=-1,
-            offset=-1,
-            key=key,
-            original_b64=DeadLetter.encode_original(raw),
-            failed_at=time.time(),
-        )
+    async def _dead_letter(self, raw: bytes, reason: str) -> None:
+        letter = input_dead_letter(raw, reason, stage="sse", source="sse")
         if await self._until_acknowledged(lambda: self._write_dead_letter(letter)):
             self.dead_lettered += 1
             SSE_EVENTS.labels("dead_letter").inc()
