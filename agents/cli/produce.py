@@ -123,7 +123,7 @@ def produce_sample(
     session_prefix: Annotated[str, typer.Option(help="Session ids start with this.")] = "ps",
     bootstrap: Bootstrap = None,
 ) -> None:
-    """Produce a realistic synthetic stream (streams.synthetic) into the actions topic."""
+    """Produce a realistic synthetic stream (agents.ingest.synthetic) into the actions topic."""
     settings = settings_for(bootstrap)
     plans = plan_sessions(sessions, mean_length=mean_length, seed=seed, prefix=session_prefix)
     items = [
