@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import partial
 
 from agents import accumulate, summarize
-from agents.ingest_http import ingest_app_from_settings, optional_ingest_settings
+from agents.ingest.http import ingest_app_from_settings, optional_ingest_settings
 from agents.summarizer import build_summarizer
 from streams.app import create_app, require_broker
 from streams.lag import register_lag

@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
     RECORDER,

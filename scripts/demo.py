@@ -29,10 +29,10 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agents.ingest.producer import ActionsProducer  # noqa: E402
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
 from schemas import ActionsPayload  # noqa: E402
-from streams.producer import ActionsProducer  # noqa: E402
 from streams.settings import Settings  # noqa: E402
-from streams.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 
 console = Console()

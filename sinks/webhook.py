@@ -28,15 +28,14 @@ import orjson
 from pydantic import AnyHttpUrl, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from schemas.connector import SIGNATURE_HEADER, sign
 from sinks._http import Destination, NonBlankSecret
 from sinks.base import Operation, PermanentSinkError, Sink
 from sinks.context import SessionContext
-from streams import signing
 from streams.settings import Settings, from_environment
 
-__all__ = ["WebhookSettings", "WebhookSink", "idempotency_key", "sign"]
+__all__ = ["WebhookSettings", "WebhookSink", "idempotency_key"]
 
-SIGNATURE_HEADER = "X-Connector-Signature"
 
 
 class WebhookSettings(BaseSettings):
@@ -60,11 +59,6 @@ def idempotency_key(op: Operation) -> str:
     """Stable for the same operation however often it is delivered; unique per operation."""
     identity = orjson.dumps([op.session_id, op.generation, op.op, op.seq_from, op.seq_to])
     return hashlib.sha256(identity).hexdigest()
-
-
-def sign(body: bytes, secret: str) -> str:
-    """The ``X-Connector-Signature`` value for ``body``."""
-    return signing.sign(secret, body)
 
 
 class WebhookSink(Sink):
@@ -124,7 +118,7 @@ class WebhookSink(Sink):
         raw = orjson.dumps(body)
         headers = {
             "Content-Type": "application/json",
-            SIGNATURE_HEADER: sign(raw, self._secret),
+            SIGNATURE_HEADER: sign(self._secret, raw),
             "Idempotency-Key": key,
         }
         url = str(self.settings.url)

@@ -24,10 +24,11 @@ from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord
 from autoplay_sdk import AsyncConnectorClient
 
-from agents.ingest_http import SIGNATURE_HEADER, create_ingest_app, sign
-from agents.sse_bridge import SSEBridge, SSEBridgeFatal
+from agents.ingest.http import create_ingest_app
+from agents.ingest.producer import ActionsProducer, ProduceError
+from agents.ingest.sse import SSEBridge, SSEBridgeFatal
 from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
-from streams.producer import ActionsProducer, ProduceError
+from schemas.connector import SIGNATURE_HEADER, sign
 from streams.settings import Settings
 from streams.topics import ensure_topics
 from tests.support.kafka_io import delete_topics_at_the_end

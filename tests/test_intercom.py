@@ -18,6 +18,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from schemas import ActionsPayload, ActionsWritten, SessionLink, SummaryReady
 from sinks._http import TransientHTTPError
 from sinks.base import LinkAwareSink, PermanentSinkError
@@ -32,7 +33,6 @@ from sinks.intercom import (
 )
 from streams.retry import retry_after
 from streams.settings import ConfigurationError
-from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.intercom_server import FakeIntercomServer, Part
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.pipeline import (

@@ -1,5 +1,5 @@
 """Intercom's conversation webhook links the session it names, through the standalone
-ingest (``python -m agents.ingest_http``) on a real broker."""
+ingest (``agent-context ingest``) on a real broker."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import httpx
 import orjson
 import pytest
 
-from agents.ingest_http import conversation_link
+from agents.ingest.intercom import conversation_link
 from schemas import InvalidMessage, SessionLink
-from streams import signing
+from schemas import connector as signing
 from tests.support.kafka_io import read_topic
 from tests.support.waiting import wait_for
 from tests.support.workers import ROOT, free_port
@@ -68,7 +68,8 @@ async def ingest(worker_env: dict[str, str], tmp_path: Path) -> AsyncIterator[st
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "agents.ingest_http",
+            "agents.cli",
+            "ingest",
             cwd=ROOT,
             env=env,
             stdout=log,

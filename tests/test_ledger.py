@@ -6,10 +6,10 @@ from collections import Counter
 
 import orjson
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.session_state import Limits, MemoryBatchStore, apply_payload, close_idle
 from schemas import ActionsPayload, SummarizeRequest
 from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
-from streams.synthetic import interleaved_payloads, plan_sessions
 
 
 def counted_from_input(payloads: list[ActionsPayload], limits: LedgerLimits) -> dict[str, object]:

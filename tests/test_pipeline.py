@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from schemas import ActionsPayload
 from sinks.files import context_file
-from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.cluster import metric, scrape
 from tests.support.invariants import summary_text

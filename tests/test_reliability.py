@@ -20,12 +20,12 @@ import orjson
 import pytest
 from aiokafka.partitioner import murmur2
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.summarizer import DEFAULT_PROMPT
 from schemas import DeadLetter
 from schemas.text import one_line
 from sinks.files import context_file
 from streams.app import EXIT_ON_BUG
-from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.cluster import (
     FLAKY,

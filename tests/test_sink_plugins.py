@@ -13,13 +13,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
 from sinks import registry
 from sinks.base import CallbackSink
 from sinks.context import SessionContext
 from sinks.registry import load_sink
 from streams.settings import ConfigurationError, Settings
-from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.support.pipeline import (
     Pipeline,
     batches_by_session,

@@ -11,7 +11,7 @@ import httpx
 import lancedb
 import pytest
 
-from streams.synthetic import interleaved_payloads, plan_sessions
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from tests.support.pipeline import Pipeline, expected_summary_ranges, produce
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, Worker

@@ -20,12 +20,12 @@ import httpx
 import pytest
 from aiohttp import web
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
 from sinks.context import SessionContext
 from sinks.view import SessionRow, ViewSink, list_page_rows
 from sinks.view.operators import operator_strip
 from sinks.view.routes import _list_fragment, _session_fragment
-from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.loopback import LoopbackServer
 from tests.support.pipeline import Pipeline, produce
 from tests.support.workers import FAST_REBALANCE, Worker

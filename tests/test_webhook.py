@@ -12,13 +12,14 @@ import orjson
 import pytest
 from autoplay_sdk.webhook_receiver import WebhookReceiver as SdkWebhookReceiver
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
+from schemas.connector import sign
 from sinks._http import TransientHTTPError
 from sinks.base import PermanentSinkError
 from sinks.context import SessionContext
-from sinks.webhook import WebhookSettings, WebhookSink, idempotency_key, sign
+from sinks.webhook import WebhookSettings, WebhookSink, idempotency_key
 from streams.settings import ConfigurationError
-from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.pipeline import Pipeline, batches_by_session, expected_summary_ranges, produce
 from tests.support.waiting import wait_for
@@ -67,8 +68,8 @@ def test_keys_are_stable_per_operation_and_unique_across_operations() -> None:
 
 def test_the_signature_is_what_the_sdk_receiver_verifies() -> None:
     body = orjson.dumps({"type": "actions_written", "x": "é"})
-    assert SdkWebhookReceiver(secret=SECRET).verify(body, sign(body, SECRET))
-    assert not SdkWebhookReceiver(secret=SECRET).verify(body + b" ", sign(body, SECRET))
+    assert SdkWebhookReceiver(secret=SECRET).verify(body, sign(SECRET, body))
+    assert not SdkWebhookReceiver(secret=SECRET).verify(body + b" ", sign(SECRET, body))
 
 
 def test_settings_are_required_and_the_secret_never_shows(monkeypatch: pytest.MonkeyPatch) -> None:

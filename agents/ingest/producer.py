@@ -1,8 +1,8 @@
 """``ActionsProducer``: the ingest side's way into the ``actions`` topic.
 
 A drop-in for the SDK's callbacks (``client.on_actions(producer.add)``): every
-payload is validated with our wire model, produced keyed by ``session_id`` and
-acknowledged by the broker (``acks=all``, idempotent) before ``add`` returns.
+payload is checked with :func:`schemas.connector.parse_frame`, produced keyed by
+``session_id`` and acknowledged by the broker (``acks=all``, idempotent) before ``add`` returns.
 Awaiting the acknowledgement is the backpressure: a slow or absent broker slows
 the caller down or makes it fail loudly, it never silently drops a payload.
 """
@@ -22,15 +22,9 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel
 
-from schemas import (
-    ActionsPayload,
-    DeadLetter,
-    EraseRequest,
-    InvalidMessage,
-    SessionLink,
-    decode,
-    encode,
-)
+from schemas import DeadLetter, EraseRequest, InvalidMessage, SessionLink, decode, encode
+from schemas.connector import ACTIONS as ACTIONS_FRAME
+from schemas.connector import parse_actions, session_hint
 from streams.settings import Settings
 from streams.topics import ACTIONS, DEAD_LETTERS, LINKS, MESSAGE_MAX_BYTES
 
@@ -38,8 +32,9 @@ __all__ = [
     "ActionsProducer",
     "DeadLetterTarget",
     "ProduceError",
-    "RawActionsSink",
+    "RawActionsWriter",
     "dead_letter_writer",
+    "input_dead_letter",
 ]
 
 log = logging.getLogger(__name__)
@@ -50,7 +45,7 @@ class ProduceError(RuntimeError):
 
 
 @runtime_checkable
-class RawActionsSink(Protocol):
+class RawActionsWriter(Protocol):
     """What the HTTP ingest and the SSE bridge need: produce validated bytes by key."""
 
     async def add_raw(self, key: str | None, value: bytes) -> Any: ...
@@ -71,6 +66,23 @@ def dead_letter_writer(target: DeadLetterTarget) -> Callable[[DeadLetter], Await
     if callable(target):
         return target
     raise TypeError(f"dead letters need an async callable or a producer, got {target!r}")
+
+
+def input_dead_letter(
+    original: bytes, reason: str, *, stage: str, source: str, offset: int = -1
+) -> DeadLetter:
+    """The dead letter of an input read from no topic (HTTP, SSE, a file's line
+    ``offset``), keyed by the session it names."""
+    return DeadLetter(
+        reason=reason,
+        stage=stage,
+        source_topic=source,
+        partition=-1,
+        offset=offset,
+        key=session_hint(original),
+        original_b64=DeadLetter.encode_original(original),
+        failed_at=time.time(),
+    )
 
 
 class ActionsProducer:
@@ -151,12 +163,12 @@ class ActionsProducer:
         """Validate and produce one actions payload; return once the broker acknowledged it.
 
         Accepts the SDK's ``ActionsPayload`` dataclass, our ``schemas.ActionsPayload``
-        or a plain dict. Raises :class:`schemas.InvalidMessage` for an invalid
-        payload (nothing is produced) and :class:`ProduceError` if the broker does
-        not acknowledge it in time.
+        or a dict frame, which needs ``"type": "actions"`` like any frame. Raises
+        :class:`schemas.InvalidMessage` for an invalid payload (nothing is produced)
+        and :class:`ProduceError` if the broker does not acknowledge it in time.
         """
         try:
-            raw = orjson.dumps(_as_dict(payload))
+            raw = orjson.dumps(_as_frame(payload))
         except orjson.JSONEncodeError as exc:
             raise InvalidMessage(f"not JSON-serialisable: {exc}") from None
         if len(raw) > MESSAGE_MAX_BYTES:  # the broker's refusal would not say the sizes
@@ -164,8 +176,8 @@ class ActionsProducer:
                 f"payload too large: {len(raw)} bytes, over the {MESSAGE_MAX_BYTES}-byte "
                 "message limit; send its actions in smaller batches"
             )
-        model = decode(ActionsPayload, raw)  # raises InvalidMessage with a readable reason
-        return await self.add_raw(model.session_id, raw)
+        payload = parse_actions(raw)  # raises InvalidMessage with a readable reason
+        return await self.add_raw(payload.session_id, raw)
 
     async def add_raw(self, key: str | None, value: bytes) -> RecordMetadata:
         """Produce already validated bytes to the ``actions`` topic, keyed by ``key``."""
@@ -244,17 +256,14 @@ class ActionsProducer:
             return producer
 
 
-def _as_dict(payload: Any) -> dict[str, Any]:
+def _as_frame(payload: Any) -> Any:
+    """A typed payload becomes an actions frame; a mapping is a frame as it is."""
     if isinstance(payload, BaseModel):
-        return payload.model_dump(mode="json")
+        return {"type": ACTIONS_FRAME, **payload.model_dump(mode="json")}
     if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
         if not hasattr(payload, "actions"):  # e.g. the SDK's SummaryPayload
             raise InvalidMessage(f"not an actions payload: {type(payload).__name__}")
-        return dataclasses.asdict(payload)
+        return {"type": ACTIONS_FRAME, **dataclasses.asdict(payload)}
     if isinstance(payload, Mapping):
-        data = dict(payload)
-        kind = data.get("type", "actions")
-        if kind != "actions":
-            raise InvalidMessage(f"not an actions payload: type={kind!r}")
-        return data
+        return dict(payload)
     raise InvalidMessage(f"an actions payload must be an object, got {type(payload).__name__}")

@@ -2,50 +2,51 @@
 
 Speaks the ``AsyncConnectorClient`` wire format (``GET url``, ``Accept:
 text/event-stream``, ``Authorization: Bearer <token>``; ``heartbeat`` frames
-skipped, ``data:`` JSON dispatched on ``type``) and fixes what the SDK client
-gets wrong for a service:
+skipped, ``data:`` JSON read by :func:`schemas.connector.parse_frame`) and fixes
+what the SDK client gets wrong for a service:
 
 * 401/403/404 are fatal (:class:`SSEBridgeFatal`) instead of retried forever;
 * a read timeout detects a silently stalled stream (the SDK waits forever);
-* a frame that is not valid JSON or not a valid payload becomes a dead letter;
+* a malformed frame (not JSON, no ``type``, an invalid payload) becomes a dead letter;
 * each payload is acknowledged by Kafka before the next frame is read, so a slow
   broker slows the reading down instead of losing events.
 
 The connector has no resume (no event ids), so events sent while disconnected
 are lost upstream; reconnecting quickly is all a client can do.
 
-Standalone: ``python -m agents.sse_bridge`` (``AC_SSE_*`` plus ``AC_*`` settings).
+Standalone: ``agent-context sse-bridge`` (``AC_SSE_*`` plus ``AC_*`` settings).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
-import signal
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-import orjson
 from httpx_sse import ServerSentEvent, SSEError, aconnect_sse
 from prometheus_client import Counter
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
+from tenacity.wait import wait_base
 
-from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
-from streams import metrics
-from streams.hooks import Hook, fire, load_callable
-from streams.producer import (
-    ActionsProducer,
+from agents.ingest.producer import (
     DeadLetterTarget,
     ProduceError,
-    RawActionsSink,
+    RawActionsWriter,
     dead_letter_writer,
+    input_dead_letter,
 )
-from streams.settings import HttpURL, from_environment, load_settings
+from schemas import InvalidMessage
+from schemas.connector import parse_frame
+from streams import metrics
+from streams.hooks import Hook, fire, load_callable
+from streams.settings import HttpURL
 
 __all__ = ["BridgeSettings", "SSEBridge", "SSEBridgeFatal"]
 
@@ -86,7 +87,7 @@ class SSEBridge:
 
     def __init__(
         self,
-        producer: RawActionsSink,
+        producer: RawActionsWriter,
         *,
         url: str,
         token: str | SecretStr | None = None,
@@ -110,8 +111,8 @@ class SSEBridge:
         self._timeout = httpx.Timeout(
             connect=connect_timeout_s, read=read_timeout_s, write=10.0, pool=connect_timeout_s
         )
-        self._initial_backoff_s = initial_backoff_s
-        self._max_backoff_s = max_backoff_s
+        self._jitter = _EqualJitter(initial_backoff_s, max_backoff_s)
+        self._productive_attempt = 0
         self._on_connect, self._on_disconnect = on_connect, on_disconnect
         self._stopping = asyncio.Event()
         self._stream_task: asyncio.Task[None] | None = None
@@ -125,7 +126,7 @@ class SSEBridge:
 
     @classmethod
     def from_settings(
-        cls, settings: BridgeSettings, producer: RawActionsSink, **options: Any
+        cls, settings: BridgeSettings, producer: RawActionsWriter, **options: Any
     ) -> SSEBridge:
         return cls(
             producer,
@@ -155,37 +156,50 @@ class SSEBridge:
             raise RuntimeError("SSEBridge.run() is already running")
         self._running = True
         self._stopping.clear()
-        failures = 0
+        self._productive_attempt = 0
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(_Dropped),
+            wait=self._reconnect_wait,
+            stop=lambda _: self._stopping.is_set(),
+            sleep=self._pause,
+            before_sleep=self._reconnecting,
+            reraise=True,
+        )
         try:
             async with httpx.AsyncClient(timeout=self._timeout, trust_env=False) as http:
-                while not self._stopping.is_set():
-                    delivered_before, connected_before = self.delivered, self.connections
-                    cause = await self._one_connection(http)
-                    if self.connections > connected_before:  # a drop, not a failed attempt
-                        await fire(self._on_disconnect, "on_disconnect", cause)
-                    if self._stopping.is_set():
-                        break
-                    # A connection that delivered something resets the backoff;
-                    # one that connects and drops at once keeps growing it.
-                    failures = 1 if self.delivered > delivered_before else failures + 1
-                    delay = self._backoff(failures)
-                    SSE_RECONNECTS.labels(cause).inc()
-                    log.warning(
-                        "sse: %s from %s; reconnecting in %.1fs", cause, self._safe_url, delay
-                    )
-                    try:
-                        await asyncio.wait_for(self._stopping.wait(), delay)
-                    except TimeoutError:
-                        pass
+                with contextlib.suppress(_Dropped):  # raised again once stop() was called
+                    async for attempt in retrying:
+                        with attempt:
+                            await self._connection(http, attempt.retry_state.attempt_number)
         finally:
             self._running = False
         log.info("sse: bridge stopped (%s)", self._safe_url)
 
-    def _backoff(self, failures: int) -> float:
-        # Equal jitter: at least half the exponential step, so a fleet of bridges
-        # spreads out without any of them hammering the connector.
-        step = min(self._max_backoff_s, self._initial_backoff_s * 2 ** (failures - 1))
-        return step / 2 + random.uniform(0, step / 2)
+    async def _connection(self, http: httpx.AsyncClient, attempt: int) -> None:
+        """One connection; raises :class:`_Dropped` when it ends and was not stopped."""
+        if self._stopping.is_set():
+            return
+        delivered_before, connected_before = self.delivered, self.connections
+        cause = await self._one_connection(http)
+        if self.connections > connected_before:  # a drop, not a failed attempt
+            await fire(self._on_disconnect, "on_disconnect", cause)
+        if self._stopping.is_set():
+            return
+        if self.delivered > delivered_before:
+            self._productive_attempt = attempt - 1
+        raise _Dropped(cause)
+
+    def _reconnect_wait(self, state: RetryCallState) -> float:
+        # A connection that delivered something restarts the backoff at its first
+        # step; one that connects and drops at once keeps growing it.
+        failures = state.attempt_number - self._productive_attempt
+        return self._jitter.delay(failures)
+
+    def _reconnecting(self, state: RetryCallState) -> None:
+        cause = str(_error(state))
+        delay = state.next_action.sleep if state.next_action else 0.0
+        SSE_RECONNECTS.labels(cause).inc()
+        log.warning("sse: %s from %s; reconnecting in %.1fs", cause, self._safe_url, delay)
 
     async def _one_connection(self, http: httpx.AsyncClient) -> str:
         """Run one connection to its end; return why it ended. Raises SSEBridgeFatal."""
@@ -237,39 +251,21 @@ class SSEBridge:
             return
         raw = sse.data.encode("utf-8")
         try:
-            data = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            await self._dead_letter(raw, f"not valid JSON: {exc}")
-            return
-        if not isinstance(data, dict):
-            await self._dead_letter(raw, f"not a JSON object: {type(data).__name__}")
-            return
-        kind = data.get("type")
-        if kind != "actions":
-            SSE_EVENTS.labels("ignored").inc()
-            log.debug("sse: ignoring event type %r", kind)
-            return
-        try:
-            payload = decode(ActionsPayload, raw)
+            frame = parse_frame(raw)
         except InvalidMessage as exc:
-            key = data.get("session_id") if isinstance(data.get("session_id"), str) else None
-            await self._dead_letter(raw, exc.reason, key or None)
+            await self._dead_letter(raw, exc.reason)
             return
+        if frame.actions is None:
+            SSE_EVENTS.labels("ignored").inc()
+            log.debug("sse: ignoring event type %r", frame.type)
+            return
+        payload = frame.actions
         if await self._until_acknowledged(lambda: self._producer.add_raw(payload.session_id, raw)):
             self.delivered += 1
             SSE_EVENTS.labels("delivered").inc()
 
-    async def _dead_letter(self, raw: bytes, reason: str, key: str | None = None) -> None:
-        letter = DeadLetter(
-            reason=reason,
-            stage="sse",
-            source_topic="sse",
-            partition=-1,
-            offset=-1,
-            key=key,
-            original_b64=DeadLetter.encode_original(raw),
-            failed_at=time.time(),
-        )
+    async def _dead_letter(self, raw: bytes, reason: str) -> None:
+        letter = input_dead_letter(raw, reason, stage="sse", source="sse")
         if await self._until_acknowledged(lambda: self._write_dead_letter(letter)):
             self.dead_lettered += 1
             SSE_EVENTS.labels("dead_letter").inc()
@@ -281,42 +277,58 @@ class SSEBridge:
 
         False only if :meth:`stop` was called while Kafka kept failing: the event is lost.
         """
-        failures = 0
-        while True:
-            try:
-                await produce()
-                return True
-            except ProduceError as exc:
-                failures += 1
-                if self._stopping.is_set():
-                    log.error("sse: stopped with an event Kafka never acknowledged: %s", exc)
-                    return False
-                delay = self._backoff(failures)
-                log.warning("sse: %s; retrying the produce in %.1fs", exc, delay)
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), delay)
-                except TimeoutError:
-                    pass
+
+        def retrying_in(state: RetryCallState) -> None:
+            delay = state.next_action.sleep if state.next_action else 0.0
+            log.warning("sse: %s; retrying the produce in %.1fs", _error(state), delay)
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(ProduceError),
+            wait=self._jitter,
+            stop=lambda _: self._stopping.is_set(),
+            sleep=self._pause,
+            before_sleep=retrying_in,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await produce()
+        except ProduceError as exc:
+            log.error("sse: stopped with an event Kafka never acknowledged: %s", exc)
+            return False
+        return True
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake up at once when :meth:`stop` is called."""
+        try:
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+
+def _error(state: RetryCallState) -> BaseException | None:
+    return state.outcome.exception() if state.outcome is not None else None
+
+
+class _EqualJitter(wait_base):
+    """At least half the capped exponential step: a fleet of bridges spreads out
+    without any of them hammering the connector (or the broker)."""
+
+    def __init__(self, initial_s: float, max_s: float) -> None:
+        self.initial_s, self.max_s = initial_s, max_s
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.delay(retry_state.attempt_number)
+
+    def delay(self, failures: int) -> float:
+        step = min(self.max_s, self.initial_s * 2 ** (failures - 1))
+        return step / 2 + random.uniform(0, step / 2)
 
 
 class _RetryableStatus(Exception):
     """A non-2xx answer worth retrying (5xx, 429, ...)."""
 
 
-async def _serve(settings: BridgeSettings) -> None:
-    async with ActionsProducer.from_settings(load_settings()) as producer:
-        bridge = SSEBridge.from_settings(settings, producer)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, bridge.stop)
-        await bridge.run()
-
-
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = from_environment(BridgeSettings, "AC_SSE_")
-    asyncio.run(_serve(settings))
-
-
-if __name__ == "__main__":
-    main()
+class _Dropped(Exception):
+    """A connection ended (its cause is the message); the bridge reconnects."""
