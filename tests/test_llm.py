@@ -26,8 +26,8 @@ from agents.summarizer import (
     llm_session,
     load_llm_callable,
     openai_llm,
-    parse_retry_after,
 )
+from streams.retry import retry_after
 from streams.settings import Settings
 from tests.fakes import FakeOpenAIServer
 from tests.fakes.openai_server import default_reply
@@ -159,6 +159,8 @@ async def test_client_timeout_is_a_retryable_error(server: FakeOpenAIServer) -> 
 
 
 def test_parse_retry_after() -> None:
+    """The LLM client reads Retry-After with the one parser, streams.retry.retry_after."""
+    parse_retry_after = retry_after
     now = 1_700_000_000.0
     assert parse_retry_after({"Retry-After": "2"}) == 2.0
     assert parse_retry_after({"retry-after": "0.5"}) == 0.5

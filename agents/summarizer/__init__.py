@@ -12,7 +12,6 @@ from agents.summarizer.llm import (
     llm_session,
     load_llm_callable,
     openai_llm,
-    parse_retry_after,
     usage_of,
 )
 from agents.summarizer.offline import OfflineSummarizer, offline_summary
@@ -53,7 +52,6 @@ __all__ = [
     "load_llm_callable",
     "offline_summary",
     "openai_llm",
-    "parse_retry_after",
     "usage_of",
     "validate_template",
 ]

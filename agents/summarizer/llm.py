@@ -11,15 +11,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Final, cast
 
 import openai
 
+from streams import retry as streams_retry
 from streams.settings import Settings
 
 __all__ = [
@@ -31,7 +30,6 @@ __all__ = [
     "llm_session",
     "load_llm_callable",
     "openai_llm",
-    "parse_retry_after",
     "usage_of",
 ]
 
@@ -118,31 +116,6 @@ class LLMError(Exception):
         )
 
 
-def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``Retry-After`` (seconds or HTTP date)."""
-    lowered = {key.lower(): value for key, value in headers.items()}
-    millis = lowered.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000.0)
-        except ValueError:
-            pass
-    value = lowered.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # HTTP dates are GMT; an unzoned one is taken as such
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
 class OpenAIChat:
     """An ``LLMCallable`` backed by an OpenAI-compatible chat-completions endpoint.
 
@@ -225,7 +198,7 @@ class OpenAIChat:
             detail = self._redact(str(body.get("message") or exc.message or exc))
             request_id = f", request id {exc.request_id}" if exc.request_id else ""
             message = f"LLM endpoint answered HTTP {status}{request_id}: {detail}"
-            retry_after = parse_retry_after(exc.response.headers)
+            retry_after = streams_retry.retry_after(exc.response.headers)
             if isinstance(exc, openai.RateLimitError) or status == 429:
                 return LLMError(
                     message,
