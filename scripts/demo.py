@@ -195,7 +195,8 @@ async def live_session(
     plan = plan_sessions(1, mean_length=k + 3, seed=99, prefix="live")[0]
     plan = type(plan)(LIVE_SESSION, plan.user_id, plan.email, k + 3)
     actions = [a for p in interleaved_payloads([plan], seed=99) for a in p["actions"]]
-    first: dict[str, Any] = {"type": "actions", "session_id": LIVE_SESSION, "actions": actions[:k]}
+    first: dict[str, Any] = {"type": "actions", "session_id": LIVE_SESSION}
+    first.update(product_id="prod_demo", actions=actions[:k])
     payloads = [first, {**first, "actions": actions[k:]}]  # a summary, then 3 after it
     console.print(f"      and one session still going: {LIVE_SESSION}, {plan.length} actions")
     async with ActionsProducer.from_settings(settings) as producer:
