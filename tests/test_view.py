@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from tests.fakes.loopback import LoopbackServer
 from tests.support.pipeline import Pipeline, produce
 from tests.support.view_server import ViewServer
 from tests.support.workers import FAST_REBALANCE, Worker
+from tests.test_access import listening_addresses
 
 TOKEN = "view-token-for-tests"
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
@@ -158,9 +160,11 @@ async def test_browser_watches_a_session_live(
     env = {**worker_env, **FAST_REBALANCE, "AC_THRESHOLD": "4", "AC_IDLE_TIMEOUT_S": "3600",
            "AC_API_TOKEN": TOKEN}  # fmt: skip
     pipe = Pipeline(env, tmp_path, workers)
-    started = [pipe.start_pipeline(), pipe.start_sink("view")]
-    await asyncio.gather(*(w.wait_ready() for w in started))
+    files = pipe.start_sink("files")  # another sink, whose delivery the session page shows
+    started = [pipe.start_pipeline(), pipe.start_sink("view", AC_VIEW_METRICS_URLS=files.url)]
+    await asyncio.gather(*(w.wait_ready() for w in [*started, files]))
     view = started[1].url
+    assert listening_addresses(started[1].web_port) == {"127.0.0.1"}  # AC_WEB_HOST's default
     from selenium.common.exceptions import StaleElementReferenceException
 
     # A live update replaces the elements it holds: a stale one is looked up again.
@@ -212,6 +216,13 @@ async def test_browser_watches_a_session_live(
     timeline = text("#timeline")
     assert "summary of actions 1-5: replaced actions 1-5" in timeline
     assert "batch written: actions 4-5" in timeline and "batch written: action 6" in timeline
+    assert re.search(
+        r"replaced actions 1-5 and the summary before them; (LLM|summarised)", timeline
+    )
+    # The files sink's delivery of this session, from its pull view and metrics.
+    wait.until(
+        lambda b: "files" in text("#delivery") and "up to date" in text("#delivery tr[data-worker]")
+    )
     assert browser.execute_script("return window.marker") == "session page"  # no reload
     # Hostile text is text: shown literally, never run or parsed.
     assert HOSTILE in text("#context")
