@@ -97,9 +97,14 @@ async def run(operations: int, interval: float, threshold: int, bootstrap: str) 
         def seen() -> list[list[float]]:
             return list(browser.execute_script("return window.seen"))
 
+        def meta() -> list[str]:
+            spans = "document.querySelectorAll('#live .meta span')"
+            script = f"return [...{spans}].map(e => e.innerText)"
+            return list(browser.execute_script(script))
+
         await wait_for(
-            lambda: (s := seen()) and s[-1][1] >= operations + 1, timeout=120,
-            message=lambda: f"every operation in the page (last seen: {seen()[-1:]})",
+            lambda: f"Actions {operations + 1}" in meta(), timeout=120,
+            message=lambda: f"every action in the page (it shows: {meta()})",
         )  # fmt: skip
         await producer.stop()
         updates = seen()
