@@ -227,10 +227,14 @@ def _operation(e: dict[str, Any]) -> str:
     else:
         new = actions_range(e.get("window_from", e["from"]), e["to"])
         what = f"{e['kind']} of {span}: replaced {new} and the summary before them"
-        if e.get("took_s") is not None and "model" in e:
-            what += f"; LLM {e['took_s']:.2f} s ({e['model']}, {e.get('tokens', 0)} tokens)"
-        elif e.get("took_s") is not None:
-            what += f"; summarised offline in {e['took_s']:.2f} s"
+        took = e.get("took_s")
+        took_text = (
+            "" if took is None else f"{took:.2f} s" if took >= 1 else f"{took * 1000:.0f} ms"
+        )
+        if took_text and "model" in e:
+            what += f"; LLM {took_text} ({e['model']}, {e.get('tokens', 0)} tokens)"
+        elif took_text:
+            what += f"; summarised offline in {took_text}"
     if redacted := e.get("redacted"):
         what += "; redacted " + ", ".join(f"{k} ×{n}" for k, n in sorted(redacted.items()))
     return what
