@@ -178,7 +178,9 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             state.requested_to,
         )
 
-    async def emit_summary(request: SummarizeRequest, state: SummaryState, text: str) -> None:
+    async def emit_summary(
+        request: SummarizeRequest, state: SummaryState, text: str, took_s: float
+    ) -> None:
         usage = accounting.record(request.product_id, usage_of(text))
         payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
         op = SummaryReady(
@@ -194,6 +196,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             emitted_at=time.time(),
             ledger=request.ledger,
             usage=usage,
+            summarized_in_s=round(took_s, 3),
         )
         await (await app.append(context_topic, request.session_id.encode(), encode(op)))
 
@@ -271,10 +274,11 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             await acks.done(ticket)
             return
         check_chain(request, state)
+        started = time.monotonic()
         text = await summarise(ticket.message, request, state)
         if text is not None:
             lanes.mark(session_id, "emitting its summary")
-            await emit_summary(request, state, text)
+            await emit_summary(request, state, text, time.monotonic() - started)
             state.summary, state.covered_to = str(text), request.seq_to
             state.carry, state.carry_from = [], None
             metrics.SUMMARIES.labels("final" if request.final else "rolling").inc()

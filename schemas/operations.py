@@ -128,6 +128,7 @@ class SummaryReady(SeqRange):
     emitted_at: float
     ledger: SessionLedger | None = None  # the session's facts up to seq_to
     usage: SummaryUsage | None = None
+    summarized_in_s: float | None = None  # the summarizer's time (the LLM call); None: unknown
 
 
 ContextOperation = Annotated[ActionsWritten | SummaryReady, Field(discriminator="op")]

@@ -11,7 +11,13 @@ tests/test_schemas.py::test_control_and_bidi_characters_are_escaped proves it.
 
 from __future__ import annotations
 
-__all__ = ["one_line", "printable"]
+import re
+
+__all__ = ["PII_PLACEHOLDER", "one_line", "printable"]
+
+# What the PII filter (agents/pii) puts where a value was: <KIND_tag>. Sinks count
+# redactions with it without importing agents (tests/test_pii.py).
+PII_PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*_[a-z]{6}>")
 
 _CONTROLS = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
 _BIDI_AND_SEPARATORS = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]

@@ -37,7 +37,6 @@ from streams.settings import Settings, from_environment
 __all__ = ["WebhookSettings", "WebhookSink", "idempotency_key"]
 
 
-
 class WebhookSettings(BaseSettings):
     """``AC_WEBHOOK_*``: read only when the webhook sink is used."""
 

@@ -25,6 +25,7 @@ from urllib.parse import unquote, unquote_plus
 
 from agents.pii.detectors import BUILT_IN, Detector, Phones, Span, regex_detector
 from schemas import ActionsPayload
+from schemas.text import PII_PLACEHOLDER
 from streams import metrics
 from streams.settings import ConfigurationError, Settings
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 _PROCESS_KEY = random_secrets.token_bytes(32)
 _TAG_LETTERS = "abcdefghijkmnpqrstuvwxyz"  # no l, o: not read as 1, 0
-PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*_[a-z]{6}>")
+PLACEHOLDER = PII_PLACEHOLDER
 
 # Which fields are filtered, and how: "text" runs every detector; "url" also reads
 # percent-encoded values; a type name replaces the whole field (it is PII by definition).

@@ -16,7 +16,7 @@ import httpx
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["operator_strip", "summarise"]
+__all__ = ["fetch", "operator_strip", "summarise"]
 
 SCRAPE_TIMEOUT_S = 2.0
 
@@ -45,9 +45,10 @@ def summarise(texts: list[str]) -> dict[str, object]:
             "llm_mean_latency_s": mean, "llm_calls": int(latency_count)}  # fmt: skip
 
 
-async def _scrape(client: httpx.AsyncClient, url: str) -> str | None:
+async def fetch(client: httpx.AsyncClient, url: str, path: str = "/metrics") -> str | None:
+    """The body a worker answers at ``path`` with a 200; None for anything else."""
     try:
-        response = await client.get(f"{url.rstrip('/')}/metrics")
+        response = await client.get(f"{url.rstrip('/')}{path}")
         return response.text if response.status_code == 200 else None
     except httpx.HTTPError:
         return None
@@ -58,7 +59,7 @@ async def operator_strip(urls: list[str], token: str | None, own: str | None = N
     registry's) and the others'."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S, headers=headers) as client:
-        scraped = await asyncio.gather(*(_scrape(client, url) for url in urls))
+        scraped = await asyncio.gather(*(fetch(client, url) for url in urls))
     own = generate_latest().decode() if own is None else own
     texts = [own, *(t for t in scraped if t is not None)]
     figures = summarise(texts)

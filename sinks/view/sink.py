@@ -20,6 +20,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import ActionsWritten, SummaryReady
+from schemas.text import PII_PLACEHOLDER as PLACEHOLDER
 from sinks.base import Operation
 from sinks.context import SessionContext
 from streams.settings import Settings
@@ -29,6 +30,15 @@ __all__ = ["SessionRow", "ViewSettings", "ViewSink"]
 BOOK = "view"  # the key of this sink's bookkeeping in context.extra
 
 
+def redactions(text: str) -> dict[str, int]:
+    """The PII filter's placeholders in ``text`` (``AC_PII=llm,destinations``), by kind."""
+    found: dict[str, int] = {}
+    for match in PLACEHOLDER.finditer(text):
+        kind = match.group()[1:].rsplit("_", 1)[0]
+        found[kind] = found.get(kind, 0) + 1
+    return found
+
+
 class ViewSettings(BaseSettings):
     """``AC_VIEW_*``."""
 
@@ -36,6 +46,7 @@ class ViewSettings(BaseSettings):
 
     max_sessions: int = Field(default=100_000, ge=1)  # rows in the list's index
     timeline: int = Field(default=200, ge=1)  # operations kept per session
+    timeline_page: int = Field(default=50, ge=1, le=500)  # operations per timeline page
     page_size: int = Field(default=50, ge=1, le=500)  # sessions per list page
     # Other workers' web addresses (comma-separated) for the operator strip's figures.
     metrics_urls: str = ""
@@ -136,8 +147,10 @@ class ViewSink:
         book: dict[str, Any] = context.extra.setdefault(BOOK, {})
         if op.product_id:
             book["product_id"] = op.product_id
+        now = time.time()
         entry: dict[str, Any] = {
-            "at": op.emitted_at or time.time(),
+            "at": op.emitted_at or now,
+            "applied": now,
             "generation": op.generation,
             "from": op.seq_from,
             "to": op.seq_to,
@@ -150,12 +163,20 @@ class ViewSink:
                 book["email"] = payload.email
             entry["kind"] = "batch"
             entry["actions"] = len(payload.actions)
+            text = op.text
         else:
             assert isinstance(op, SummaryReady)
             entry["kind"] = "final summary" if op.final else "summary"
             entry["window_from"] = op.window_from
             entry["chars"] = len(op.summary)
-        book["last_activity"] = time.time()
+            entry["took_s"] = op.summarized_in_s
+            if op.usage is not None:
+                entry["model"] = op.usage.model
+                entry["tokens"] = op.usage.prompt_tokens + op.usage.completion_tokens
+            text = op.summary
+        if redacted := redactions(text):
+            entry["redacted"] = redacted
+        book["last_activity"] = now
         timeline: list[dict[str, Any]] = book.setdefault("timeline", [])
         timeline.append(entry)
         del timeline[: -self.settings.timeline]
