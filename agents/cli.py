@@ -66,6 +66,8 @@ from schemas import (
     context_operation_adapter,
     decode,
 )
+from streams.dead_letters import dead_letter
+from streams.errors import AgentContextError, stop_on_configuration_error
 from streams.lanes import Lanes
 from streams.producer import ActionsProducer, ProduceError
 from streams.settings import ConfigurationError, Settings, load_settings
@@ -115,7 +117,7 @@ Bootstrap = Annotated[
 ]
 
 
-class CliError(Exception):
+class CliError(AgentContextError):
     """A user-facing failure: printed as one line, exit code 1, no traceback."""
 
 
@@ -426,15 +428,13 @@ def produce_file(
         async with ActionsProducer.from_settings(settings) as producer:
             for record, reason in invalid:
                 await producer.dead_letter(
-                    DeadLetter(
-                        reason=reason,
-                        stage="produce-file",
+                    dead_letter(
+                        reason,
+                        "produce-file",
+                        record.raw,
                         source_topic=f"file:{name}",
-                        partition=-1,
                         offset=record.number,  # the line (or array item) number
                         key=session_hint(record.raw),
-                        original_b64=DeadLetter.encode_original(record.raw),
-                        failed_at=time.time(),
                     )
                 )
             with progress_bar(f"producing {name}") as progress:
@@ -1045,6 +1045,7 @@ async def redrive_one(
     report.redriven += 1
 
 
+@stop_on_configuration_error()
 def main() -> None:
     app(prog_name="agent-context")
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,8 +28,10 @@ from prometheus_client import Counter
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
+from schemas import ActionsPayload, InvalidMessage, decode
 from streams import metrics, signing
+from streams.dead_letters import dead_letter as new_dead_letter
+from streams.errors import AgentContextError, stop_on_configuration_error
 from streams.producer import (
     ActionsProducer,
     DeadLetterTarget,
@@ -94,7 +95,7 @@ def _reject(status: int, outcome: str, reason: str) -> web.Response:
     return _json(status, {"error": reason})
 
 
-class _TooLarge(Exception):
+class _TooLarge(AgentContextError):
     pass
 
 
@@ -144,15 +145,8 @@ def create_ingest_app(
     write_dead_letter = dead_letter_writer(dead_letters if dead_letters is not None else producer)  # type: ignore[arg-type]
 
     async def dead_letter(body: bytes, reason: str, data: Any = None) -> web.Response:
-        letter = DeadLetter(
-            reason=reason,
-            stage="ingest",
-            source_topic="http",
-            partition=-1,
-            offset=-1,
-            key=_session_hint(data),
-            original_b64=DeadLetter.encode_original(body),
-            failed_at=time.time(),
+        letter = new_dead_letter(
+            reason, "ingest", body, source_topic="http", key=_session_hint(data)
         )
         try:
             async with asyncio.timeout(produce_timeout_s):
@@ -326,7 +320,7 @@ def _actions_enabled(ingest: IngestSettings) -> bool:
 
 def optional_ingest_settings() -> IngestSettings | None:
     """The ingest settings when the operator enabled ingest in the worker, else ``None``."""
-    ingest = IngestSettings()
+    ingest = from_environment(IngestSettings, "AC_INGEST_")
     if (
         not _actions_enabled(ingest)
         and from_environment(IntercomWebhookSettings, "AC_INTERCOM_").webhook_secret is None
@@ -348,6 +342,7 @@ def ingest_app_from_settings(settings: Settings, ingest: IngestSettings) -> web.
     )
 
 
+@stop_on_configuration_error()
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = load_settings()

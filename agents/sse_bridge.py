@@ -23,7 +23,6 @@ import asyncio
 import logging
 import random
 import signal
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,8 +34,10 @@ from prometheus_client import Counter
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from schemas import ActionsPayload, DeadLetter, InvalidMessage, decode
+from schemas import ActionsPayload, InvalidMessage, decode
 from streams import metrics
+from streams.dead_letters import dead_letter
+from streams.errors import AgentContextError, stop_on_configuration_error
 from streams.hooks import Hook, fire, load_callable
 from streams.producer import (
     ActionsProducer,
@@ -57,7 +58,7 @@ SSE_RECONNECTS = Counter("ac_sse_reconnects_total", "SSE reconnects", ["cause"])
 _FATAL_STATUS = (401, 403, 404)
 
 
-class SSEBridgeFatal(RuntimeError):
+class SSEBridgeFatal(AgentContextError, RuntimeError):
     """A condition retrying cannot fix (bad token, wrong URL); the bridge stops."""
 
 
@@ -260,16 +261,7 @@ class SSEBridge:
             SSE_EVENTS.labels("delivered").inc()
 
     async def _dead_letter(self, raw: bytes, reason: str, key: str | None = None) -> None:
-        letter = DeadLetter(
-            reason=reason,
-            stage="sse",
-            source_topic="sse",
-            partition=-1,
-            offset=-1,
-            key=key,
-            original_b64=DeadLetter.encode_original(raw),
-            failed_at=time.time(),
-        )
+        letter = dead_letter(reason, "sse", raw, source_topic="sse", key=key)
         if await self._until_acknowledged(lambda: self._write_dead_letter(letter)):
             self.dead_lettered += 1
             SSE_EVENTS.labels("dead_letter").inc()
@@ -299,7 +291,7 @@ class SSEBridge:
                     pass
 
 
-class _RetryableStatus(Exception):
+class _RetryableStatus(AgentContextError):
     """A non-2xx answer worth retrying (5xx, 429, ...)."""
 
 
@@ -312,6 +304,7 @@ async def _serve(settings: BridgeSettings) -> None:
         await bridge.run()
 
 
+@stop_on_configuration_error()
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = from_environment(BridgeSettings, "AC_SSE_")

@@ -24,7 +24,6 @@ from agents.prompting import cap_summary
 from agents.summarizers import Summarizer
 from schemas import (
     ActionsPayload,
-    DeadLetter,
     SessionErased,
     SummarizeRequest,
     SummaryReady,
@@ -34,7 +33,7 @@ from schemas import (
 from streams import changelog, metrics
 from streams.app import ContextApp
 from streams.batch_source import BatchSource
-from streams.dead_letters import DeadLetterWriter
+from streams.dead_letters import DeadLetterWriter, from_message
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
 from streams.tables import session_items, session_table
 from streams.topics import MESSAGE_MAX_BYTES, Topics
@@ -198,15 +197,11 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
     ) -> None:
         """Keep the raw context, record the failure, and carry the actions forward."""
         await dead_letters.write_letter(
-            DeadLetter(
-                reason=f"summarize failed after the retry budget: {error}",
-                stage="summarize",
-                source_topic=message.topic,
-                partition=message.partition,
-                offset=message.offset,
+            from_message(
+                message,
+                f"summarize failed after the retry budget: {error}",
+                "summarize",
                 key=request.session_id,
-                original_b64=DeadLetter.encode_original(message.value),
-                failed_at=time.time(),
             )
         )
         if state.carry_from is None:

@@ -8,9 +8,8 @@ and the plug-ins at start-up.
 
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 from agents.llm import (
     Completion,
@@ -32,6 +31,7 @@ from agents.prompting import (
 )
 from agents.resilience import ResilientLLM
 from schemas import ActionsPayload
+from streams.plugins import resolve
 from streams.settings import ConfigurationError, Settings
 
 __all__ = ["LLMSummarizer", "OfflineSummarizer", "Summarizer", "build_summarizer"]
@@ -104,18 +104,10 @@ class LLMSummarizer:
         return Completion(cap_summary(answer, self._max_chars), usage_of(answer))
 
 
-def _import(dotted: str) -> Any:
-    module_name, _, attr = dotted.replace(":", ".").rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigurationError(f"cannot import {dotted!r}: {exc}") from None
-
-
 def _formatter(settings: Settings) -> ActionsFormatter:
     if not settings.format_actions:
         return default_format_actions
-    formatter = _import(settings.format_actions)
+    formatter = resolve(settings.format_actions, "AC_FORMAT_ACTIONS")
     if not callable(formatter):
         raise ConfigurationError(f"AC_FORMAT_ACTIONS {settings.format_actions!r} is not callable")
     return formatter  # type: ignore[no-any-return]

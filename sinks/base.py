@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from schemas import ActionsWritten, SummaryReady
 from schemas.text import printable
 from sinks.context import SessionContext
+from streams.errors import AgentContextError
 from streams.hooks import Hook, fire
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
 Operation = ActionsWritten | SummaryReady
 
 
-class PermanentSinkError(Exception):
+class PermanentSinkError(AgentContextError):
     """The destination refused this operation for good (e.g. HTTP 400): don't retry it."""
 
 

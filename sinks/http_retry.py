@@ -33,6 +33,8 @@ from typing import Any
 
 import httpx
 
+from streams.errors import AgentContextError
+
 __all__ = [
     "RETRYABLE_STATUSES",
     "RateLimitGate",
@@ -60,7 +62,7 @@ def quiet_httpx_logging() -> None:
         logger.setLevel(logging.WARNING)
 
 
-class TransientHTTPError(Exception):
+class TransientHTTPError(AgentContextError):
     """The destination did not take the request this time; retry it later.
 
     ``maybe_delivered`` is true when the request may have been applied anyway

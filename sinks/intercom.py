@@ -54,6 +54,7 @@ from sinks.http_retry import (
     scrub,
     send,
 )
+from streams.errors import AgentContextError
 from streams.settings import HttpURL, Settings, from_environment
 
 __all__ = [
@@ -179,7 +180,7 @@ def parse_note(body: str | None) -> NoteMarker | None:
 # --------------------------------------------------------------------------- HTTP client
 
 
-class ConversationNotFound(Exception):
+class ConversationNotFound(AgentContextError):
     def __init__(self, conversation_id: str) -> None:
         super().__init__(f"Intercom conversation {conversation_id} not found")
         self.conversation_id = conversation_id

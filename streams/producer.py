@@ -31,6 +31,7 @@ from schemas import (
     decode,
     encode,
 )
+from streams.errors import AgentContextError
 from streams.settings import Settings
 from streams.topics import ACTIONS, DEAD_LETTERS, LINKS, MESSAGE_MAX_BYTES
 
@@ -45,7 +46,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class ProduceError(RuntimeError):
+class ProduceError(AgentContextError, RuntimeError):
     """The broker did not acknowledge a message (unreachable, timed out, rejected)."""
 
 

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.ledger import DEFAULT_ERROR_PATTERN, DEFAULT_KEY_PATTERN, LedgerLimits
+from streams.errors import ConfigurationError
 
 __all__ = ["ConfigurationError", "HttpURL", "Settings", "from_environment", "load_settings"]
 
@@ -41,10 +42,6 @@ def _http_url(value: str) -> str:
 
 
 HttpURL = Annotated[str, AfterValidator(_http_url)]
-
-
-class ConfigurationError(SystemExit):
-    """Raised at start-up for invalid settings; exits with a readable message."""
 
 
 class Settings(BaseSettings):
