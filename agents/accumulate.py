@@ -2,7 +2,7 @@
 
 Effectively-once: what a payload produces is acknowledged by the broker *before*
 the session's table entries (with the payload's offset) are written, and those
-before the payload is acknowledged (``streams.write_behind``: the agent does
+before the payload is acknowledged (``streams._faust.write_behind``: the agent does
 not wait for that, it goes on with the next batch). A crash in between replays
 the payload with the old state, which re-emits the same sequence numbers; every
 downstream stage skips what it already applied.
@@ -37,10 +37,11 @@ from agents.session_state import (
     flush_debounce,
 )
 from schemas import ActionsPayload, EraseRequest, InvalidMessage, SessionErased, decode
-from streams import metrics
+from streams._faust.batch_source import BatchSource
+from streams._faust.write_behind import WriteBehind
 from streams.app import ContextApp
-from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
+from streams.observe import metrics
 from streams.tables import (
     KEY_SEPARATOR,
     OwnedKeyCount,
@@ -51,7 +52,6 @@ from streams.tables import (
     session_keyed_table,
 )
 from streams.topics import MESSAGE_MAX_BYTES, Topics
-from streams.write_behind import WriteBehind
 
 __all__ = ["register"]
 

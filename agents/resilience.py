@@ -28,7 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_excepti
 from tenacity.wait import wait_random_exponential
 
 from agents.llm import LLMCallable, LLMError, llm_session
-from streams.metrics import (
+from streams.observe.metrics import (
     BREAKER_STATE,
     BREAKER_TRANSITIONS,
     LLM_FAILURES,

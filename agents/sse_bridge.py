@@ -35,10 +35,10 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import ActionsPayload, InvalidMessage, decode
-from streams import metrics
 from streams.dead_letters import dead_letter
 from streams.errors import AgentContextError, stop_on_configuration_error
 from streams.hooks import Hook, fire, load_callable
+from streams.observe import metrics
 from streams.producer import (
     ActionsProducer,
     DeadLetterTarget,

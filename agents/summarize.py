@@ -30,11 +30,12 @@ from schemas import (
     decode,
     encode,
 )
-from streams import changelog, metrics
+from streams._faust import changelog, stores
+from streams._faust.batch_source import BatchSource
 from streams.app import ContextApp
-from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter, from_message
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
+from streams.observe import metrics
 from streams.tables import session_items, session_table
 from streams.topics import MESSAGE_MAX_BYTES, Topics
 
@@ -151,7 +152,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
 
     def load(session_id: str, generation: int) -> SummaryState | None:
         """The state for this generation; ``None`` if the request is from an older one."""
-        raw = changelog.read(table, session_id)
+        raw = stores.read(table, session_id)
         state = SummaryState.from_bytes(raw) if raw is not None else None
         if state is None or state.generation < generation:
             return SummaryState(generation=generation)

@@ -10,10 +10,10 @@ from sinks import runner
 from sinks.registry import load_sink
 from streams.app import create_app, require_broker
 from streams.errors import stop_on_configuration_error
-from streams.lag import register_lag
+from streams.observe.lag import register_lag
+from streams.observe.web import add_operational_pages
 from streams.settings import load_settings
 from streams.topics import declare_topics
-from streams.web import add_operational_pages
 
 with stop_on_configuration_error():  # one line on stderr, no traceback
     settings = load_settings()

@@ -5,7 +5,7 @@ summary, high-water marks, the sink's ``extra``) under the session id, and each
 raw batch under ``batch_key(session, seq_from)``. Saving writes only what an
 operation changed: a new batch and the header, or the header and tombstones
 for the batches a summary now covers; the window is never rewritten whole.
-Records go straight to the changelog (``streams.changelog``); the caller
+Records go straight to the changelog (``streams._faust.changelog``); the caller
 confirms them before it acknowledges the operation.
 """
 
@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from schemas.ledger import SessionLedger
 from sinks.context import Batch, SessionContext
-from streams import changelog
+from streams._faust import changelog, stores
 from streams.app import ContextApp
 from streams.tables import batch_key
 
@@ -68,14 +68,14 @@ class ContextStore:
             self._cache.popitem(last=False)
 
     def _read(self, session_id: str) -> SessionContext:
-        raw = changelog.read(self._table, session_id)
+        raw = stores.read(self._table, session_id)
         if raw is None:
             return SessionContext(session_id=session_id)
         header = orjson.loads(raw)
         seq = header.pop("first_batch", 0)
         batches = []
         while seq and seq <= header["actions_to"]:
-            stored = changelog.read(self._table, batch_key(session_id, seq))
+            stored = stores.read(self._table, batch_key(session_id, seq))
             if stored is None:  # never written by save(); stop rather than guess
                 break
             batch = Batch.model_construct(**orjson.loads(stored))  # written by save() below

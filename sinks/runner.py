@@ -51,14 +51,15 @@ from sinks.base import (
 )
 from sinks.context import REFUSED_KEPT, SessionContext, Skip, refused_key
 from sinks.context_store import ContextStore
-from streams import changelog, metrics
+from streams._faust import changelog
+from streams._faust.batch_source import BatchSource
 from streams.app import ContextApp
-from streams.batch_source import BatchSource
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
+from streams.observe import metrics
+from streams.observe.web import unauthorized
 from streams.tables import session_keyed_table
 from streams.topics import Topics, declare_topic, redrive_topic
-from streams.web import unauthorized
 
 __all__ = ["pull_view", "register"]
 

@@ -9,7 +9,7 @@ import faust
 from faust.types import Message
 
 from schemas import DeadLetter, encode
-from streams import metrics
+from streams.observe import metrics
 
 __all__ = ["DeadLetterWriter", "dead_letter", "from_message"]
 

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sinks.base import Operation
 from sinks.context import SessionContext
-from streams.lag import worker_status
+from streams.observe.lag import worker_status
 from streams.settings import Settings
 from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.fakes.openai_server import FakeOpenAIServer

@@ -19,7 +19,7 @@ from agents.pii.presidio import presidio_detectors
 from agents.prompting import build_prompt, default_format_actions
 from agents.session_state import Limits, MemoryBatchStore, apply_payload
 from schemas import ActionsPayload
-from streams import metrics
+from streams.observe import metrics
 from streams.settings import ConfigurationError, Settings, from_environment
 from streams.synthetic import interleaved_payloads, plan_sessions
 

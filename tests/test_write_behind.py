@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streams.write_behind import WriteBehind
+from streams._faust.write_behind import WriteBehind
 
 
 def order_of(key: str, value: bytes | None) -> int:

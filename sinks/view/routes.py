@@ -29,7 +29,7 @@ from pydantic import SecretStr
 from sinks.context import SessionContext, actions_range
 from sinks.view.operators import operator_strip
 from sinks.view.sink import BOOK, SessionRow, row_from
-from streams.web import COOKIE, browser_cookie, unauthorized_browser
+from streams.observe.web import COOKIE, browser_cookie, unauthorized_browser
 
 if TYPE_CHECKING:
     from sinks.view.sink import ViewSink

@@ -11,10 +11,10 @@ round trip per batch. Here the agent goes on with the next batch at once:
 - each sealed unit (messages, table writes, input records to acknowledge) is
   completed in order, in two pipelined stages: when the broker has acknowledged
   its messages, its table writes are sent to the changelog; when the broker has
-  those too, the store holds them (``streams.changelog``) and its input records
+  those too, the store holds them (``streams._faust.changelog``) and its input records
   are acknowledged (so the commit never passes them first).
 
-Table writes go straight to the changelog (``streams.changelog``).
+Table writes go straight to the changelog (``streams._faust.changelog``).
 
 A crash anywhere replays the unacknowledged input against the last applied
 table state, which re-emits the same sequence numbers; consumers skip them.
@@ -30,9 +30,9 @@ from typing import Any
 
 from faust.types import TableT
 
-from streams import changelog
+from streams._faust import changelog, stores
+from streams._faust.changelog import Written
 from streams.app import ContextApp
-from streams.changelog import Written
 
 __all__ = ["WriteBehind"]
 
@@ -79,7 +79,7 @@ class WriteBehind:
         hit = self._overlay.get((id(table), key))
         if hit is not None:
             return hit[0]
-        return changelog.read(table, key)
+        return stores.read(table, key)
 
     def pending(self, table: TableT[str, bytes]) -> Iterator[tuple[str, bool]]:
         """``table``'s writes not applied yet: (key, whether it exists afterwards)."""

@@ -43,14 +43,11 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
-import faust
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer, ensure_TP
 from faust.types import TP, Message
 
 __all__ = ["apply", "divert", "diverted_topics"]
-
-PATCHED_VERSION = "0.15.3"
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +131,7 @@ async def _perform_seek(self: Consumer) -> None:
         self._ac_seek_epoch += 1  # type: ignore[attr-defined]
 
 
-# Topics whose records skip Faust's per-message delivery (``streams.batch_source``).
+# Topics whose records skip Faust's per-message delivery (``streams._faust.batch_source``).
 _diverted: dict[str, Callable[[Consumer, TP, Message], None]] = {}
 
 
@@ -187,11 +184,7 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
 
 
 def apply() -> None:
-    if faust.__version__ != PATCHED_VERSION:  # the copy above is of this version's method
-        raise RuntimeError(
-            f"streams/faust_patches.py patches faust-streaming {PATCHED_VERSION}, "
-            f"found {faust.__version__}: check whether the fix is still needed"
-        )
+    """Install the fixes (the package's version guard has checked Faust's version)."""
     Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
     Consumer.perform_seek = _perform_seek  # type: ignore[method-assign]
     Consumer.getmany = _getmany  # type: ignore[method-assign,assignment]
