@@ -43,7 +43,6 @@ from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.observe import metrics
 from streams.tables import (
-    KEY_SEPARATOR,
     OwnedKeyCount,
     ScanPacer,
     batch_key,
@@ -136,13 +135,8 @@ def register(app: ContextApp, topics: Topics) -> TableT[str, bytes]:
     )
     sessions = session_keyed_table(app, "sessions")
 
-    def order_of(key: str, value: bytes | None) -> int:
-        """New batches, then the session entries that refer to them, then deletions."""
-        if KEY_SEPARATOR in key:
-            return 0 if value is not None else 2
-        return 1
-
-    writes = WriteBehind(app, on_error=app.crash_on_lane_error, order_of=order_of)
+    # Crash-safe order (streams._faust.commit.session_rank): batches, session entry, deletions.
+    writes = WriteBehind(app, on_error=app.crash_on_lane_error)
     store = _TableBatches(sessions, writes)
     # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).
     active = OwnedKeyCount(app, sessions, topics.actions, lambda: writes.pending(sessions))

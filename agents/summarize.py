@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from schemas import (
 )
 from streams._faust import changelog, stores
 from streams._faust.batch_source import BatchSource
+from streams._faust.commit import Write, commit
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter, from_message
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
@@ -174,7 +176,10 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             state.requested_to,
         )
 
-    async def emit_summary(request: SummarizeRequest, state: SummaryState, text: str) -> None:
+    async def emit_summary(
+        request: SummarizeRequest, state: SummaryState, text: str
+    ) -> Awaitable[Any]:
+        """Produce the summary; the result resolves when the broker has it."""
         usage = accounting.record(request.product_id, usage_of(text))
         payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
         op = SummaryReady(
@@ -191,7 +196,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             ledger=request.ledger,
             usage=usage,
         )
-        await (await app.append(context_topic, request.session_id.encode(), encode(op)))
+        return await app.append(context_topic, request.session_id.encode(), encode(op))
 
     async def give_up(
         message: Message, request: SummarizeRequest, state: SummaryState, error: LLMError
@@ -254,8 +259,7 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
     async def handle(session_id: str, item: tuple[Any, SummarizeRequest | SessionErased]) -> None:
         ticket, request = item
         if isinstance(request, SessionErased):  # the summary state goes, whatever it held
-            await changelog.confirm([(table, changelog.write(app, table, session_id, None))])
-            await acks.done(ticket)
+            await commit(app, lambda: acks.done(ticket), writes=[(table, session_id, None)])
             return
         state = load(session_id, request.generation)
         if state is None or state.replayed(request):
@@ -264,9 +268,10 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
             return
         check_chain(request, state)
         text = await summarise(ticket.message, request, state)
+        outputs = []
         if text is not None:
             lanes.mark(session_id, "emitting its summary")
-            await emit_summary(request, state, text)
+            outputs.append(await emit_summary(request, state, text))
             state.summary, state.covered_to = str(text), request.seq_to
             state.carry, state.carry_from = [], None
             metrics.SUMMARIES.labels("final" if request.final else "rolling").inc()
@@ -274,11 +279,10 @@ def register(app: ContextApp, topics: Topics, summarizer: Summarizer) -> TableT[
         state.updated_at = time.time()
         if request.final:  # the generation is over: only a small closed record stays
             state = state.closed_record(state.updated_at)
-        lanes.mark(session_id, "waiting for its changelog record")
-        await changelog.confirm(
-            [(table, changelog.write(app, table, session_id, state.to_bytes()))]
-        )
-        await acks.done(ticket)  # only now, and in offset order, may Faust commit past it
+        lanes.mark(session_id, "waiting for its summary and changelog record")
+        # Only then, and in offset order, may Faust commit past the request.
+        writes: list[Write] = [(table, session_id, state.to_bytes())]
+        await commit(app, lambda: acks.done(ticket), outputs=outputs, writes=writes)
 
     lanes: Lanes[tuple[Any, SummarizeRequest | SessionErased]] = Lanes(
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error

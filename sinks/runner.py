@@ -51,8 +51,8 @@ from sinks.base import (
 )
 from sinks.context import REFUSED_KEPT, SessionContext, Skip, refused_key
 from sinks.context_store import ContextStore
-from streams._faust import changelog
 from streams._faust.batch_source import BatchSource
+from streams._faust.commit import Write, commit
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
@@ -200,7 +200,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
 
     async def apply_operation(
         session_id: str, message: Message, op: Operation, *, redriven: bool = False
-    ) -> changelog.Written:
+    ) -> list[Write]:
         before = store.load(session_id)
         try:
             context = for_redrive(before, op) if redriven else before.advanced(op)
@@ -231,7 +231,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
                 event_age.observe(max(applied_at - acted_at, 0.0))
         return written
 
-    async def apply_link(session_id: str, message: Message, link: SessionLink) -> changelog.Written:
+    async def apply_link(session_id: str, message: Message, link: SessionLink) -> list[Write]:
         assert isinstance(sink, LinkAwareSink)
         before = store.load(session_id)
         context = before.model_copy(deep=True)  # the sink may change its ``extra``
@@ -246,7 +246,7 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
 
     async def erase_session(
         session_id: str, message: Message, erased: SessionErased
-    ) -> changelog.Written:
+    ) -> list[Write]:
         """Remove what this sink delivered for the session, then its context (the pull
         view answers 404 after this); an audit line names what went, never its content."""
         context = store.load(session_id)
@@ -281,8 +281,9 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
         else:
             written = await apply_operation(session_id, tracked.message, decoded, redriven=redriven)
         lanes.mark(session_id, "waiting for its changelog records")
-        await changelog.confirm(written)  # the context is durable ...
-        await acks.done(tracked)  # ... only now may Faust commit past this offset
+        # Step 1 (the destination has it) is done; the context is made durable, and
+        # only then may Faust commit past this offset.
+        await commit(app, lambda: acks.done(tracked), writes=written)
 
     lanes: Lanes[LaneItem] = Lanes(
         handle, max_pending=settings.max_in_flight_requests, on_error=app.crash_on_lane_error
