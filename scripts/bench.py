@@ -260,7 +260,7 @@ def bench_transition(payload_bytes: list[bytes], actions: int, threshold: int) -
     payload, load the session's entry, apply it (the stored batch, the operation, the
     summarize request at K), encode the entry again.
     """
-    from agents.session_state import Limits, MemoryBatchStore, SessionState, apply_payload
+    from agents.accumulate.state import Limits, MemoryBatchStore, SessionState, apply_payload
     from schemas import ActionsPayload, decode
 
     limits = Limits(threshold=threshold, max_actions_per_batch=Settings().max_actions_per_batch)

@@ -243,7 +243,7 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         producer_max_batch_size=settings.producer_batch_bytes,
         # Lets a dead letter of a message at the broker's limit through (the
         # dead-letter topic accepts it); every other topic is guarded by
-        # MESSAGE_MAX_BYTES where messages are built (agents/accumulate.py).
+        # MESSAGE_MAX_BYTES where messages are built (agents/accumulate/stage.py).
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         broker_commit_interval=1.0,
         broker_session_timeout=settings.broker_session_timeout_s,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import orjson
 
-from agents.session_state import Limits, MemoryBatchStore, apply_payload, close_idle
+from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload, close_idle
 from schemas import ActionsPayload, SummarizeRequest
 from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
 from streams.synthetic import interleaved_payloads, plan_sessions

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload
 from agents.pii import PLACEHOLDER, PiiFilter, build_pii_filter
 from agents.pii.presidio import presidio_detectors
 from agents.prompting import build_prompt, default_format_actions
-from agents.session_state import Limits, MemoryBatchStore, apply_payload
 from schemas import ActionsPayload
 from streams.observe import metrics
 from streams.settings import ConfigurationError, Settings, from_environment
