@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 # The session a summarize call is for, so LLM failures can be logged with it
-# (set by agents/summarize.py around each call; "-" outside one).
+# (set by agents/summarize/ around each call; "-" outside one).
 llm_session: ContextVar[str] = ContextVar("llm_session", default="-")
 
 log = logging.getLogger(__name__)
