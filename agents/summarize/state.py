@@ -10,6 +10,7 @@ import orjson
 from agents.offline import offline_summary
 from agents.prompting import cap_summary
 from schemas import ActionsPayload, SessionErased, SummarizeRequest, decode
+from schemas.records import JsonRecord
 from streams.topics import MESSAGE_MAX_BYTES
 
 __all__ = [
@@ -28,7 +29,7 @@ CARRY_MAX_BYTES = MESSAGE_MAX_BYTES // 4
 
 
 @dataclass
-class SummaryState:
+class SummaryState(JsonRecord):
     """One session generation's rolling summary, from its first request to its close.
 
     Its lifetime follows the log, not a clock: it begins with the generation's
@@ -52,13 +53,6 @@ class SummaryState:
     carry_from: int | None = None
     closed: bool = False  # the generation's final request was handled
     updated_at: float = 0.0
-
-    def to_bytes(self) -> bytes:
-        return orjson.dumps(self)  # orjson encodes dataclasses natively (no asdict deep copy)
-
-    @classmethod
-    def from_bytes(cls, raw: bytes) -> SummaryState:
-        return cls(**orjson.loads(raw))
 
     @property
     def pending(self) -> bool:
