@@ -14,6 +14,7 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+	.venv/bin/lint-imports
 
 # The broker: KAFKA_BOOTSTRAP_SERVERS if set, else Testcontainers when a Docker
 # engine answers, else scripts/kafka.sh (see tests/support/broker.py).

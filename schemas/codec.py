@@ -7,12 +7,14 @@ from typing import TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from schemas.errors import AgentContextError
+
 __all__ = ["InvalidMessage", "decode", "encode"]
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class InvalidMessage(ValueError):
+class InvalidMessage(AgentContextError, ValueError):
     """A message that cannot become the model it should be; ``reason`` says why."""
 
     def __init__(self, reason: str) -> None:

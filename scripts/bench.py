@@ -127,7 +127,7 @@ async def _produce_paced(
     """Offer ``payloads`` at ``rate``, in ticks of 2 ms: each tick's payloads go out as one
     batch per partition. The generator shares the two cores with what it measures; a
     timer per payload took a quarter of one at 5,000 actions/s, a ``send`` per payload
-    still a sixth. (Not ``streams.appender``: with its per-round acknowledgements the
+    still a sixth. (Not ``streams._faust.appender``: with its per-round acknowledgements the
     generator took 20% of a core against 12% with this loop.)"""
     partitions = len(await producer.partitions_for(topic))
     futures, start, n = [], time.perf_counter(), 0
@@ -260,7 +260,7 @@ def bench_transition(payload_bytes: list[bytes], actions: int, threshold: int) -
     payload, load the session's entry, apply it (the stored batch, the operation, the
     summarize request at K), encode the entry again.
     """
-    from agents.session_state import Limits, MemoryBatchStore, SessionState, apply_payload
+    from agents.accumulate.state import Limits, MemoryBatchStore, SessionState, apply_payload
     from schemas import ActionsPayload, decode
 
     limits = Limits(threshold=threshold, max_actions_per_batch=Settings().max_actions_per_batch)
@@ -624,7 +624,7 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
 
 
 def stalls(worker: str, text: str, since: str) -> dict[str, float]:
-    """A worker's event-loop stalls and GC pauses over the measured part (streams.stalls)."""
+    """A worker's event-loop stalls and GC pauses over the measured part (streams.observe.stalls)."""
     found = {}
     for key, name, labels in (
         ("loop", "ac_event_loop_lag_seconds", ""),

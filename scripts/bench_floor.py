@@ -2,7 +2,7 @@
 
 ``BENCH_FLOOR_MODE=agent``: a no-op Faust agent (Faust's per-message delivery
 alone, the floor under any Faust agent). ``BENCH_FLOOR_MODE=batch``: a no-op
-``streams.batch_source.BatchSource`` (the delivery our workers use: Faust's
+``streams._faust.batch_source.BatchSource`` (the delivery our workers use: Faust's
 consumer, group and commits, records taken in batches as they are fetched).
 No decoding, no state, no output. Run by scripts/bench.py as
 ``BENCH_FLOOR_MESSAGES=n faust -A scripts.bench_floor worker``; prints one
@@ -17,8 +17,8 @@ from typing import cast
 
 import faust
 
+from streams._faust.batch_source import BatchSource
 from streams.app import create_app
-from streams.batch_source import BatchSource
 from streams.settings import load_settings
 from streams.topics import declare_topics
 

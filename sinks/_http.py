@@ -35,6 +35,7 @@ from typing import Annotated, Any
 import httpx
 from pydantic import AfterValidator, SecretStr
 
+from streams.errors import AgentContextError
 from streams.retry import backoff, retry_after, retry_call, wait_hinted
 
 __all__ = [
@@ -76,7 +77,7 @@ def quiet_httpx_logging() -> None:
         logger.setLevel(logging.WARNING)
 
 
-class TransientHTTPError(Exception):
+class TransientHTTPError(AgentContextError):
     """The destination did not take the request this time; retry it later.
 
     ``maybe_delivered`` is true when the request may have been applied anyway

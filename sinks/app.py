@@ -9,14 +9,16 @@ from __future__ import annotations
 from sinks import runner
 from sinks.registry import load_sink
 from streams.app import create_app, require_broker
-from streams.lag import register_lag
+from streams.errors import stop_on_configuration_error
+from streams.observe.lag import register_lag
+from streams.observe.web import add_operational_pages
 from streams.settings import load_settings
 from streams.topics import declare_topics
-from streams.web import add_operational_pages
 
-settings = load_settings()
-sink = load_sink(settings.sink, settings)
-require_broker(settings)
+with stop_on_configuration_error():  # one line on stderr, no traceback
+    settings = load_settings()
+    sink = load_sink(settings.sink, settings)
+    require_broker(settings)
 app = create_app(settings, role=f"sink-{sink.name}")
 topics = declare_topics(app, settings)
 contexts = runner.register(app, topics, sink)

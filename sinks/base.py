@@ -39,6 +39,7 @@ from typing import Any, Protocol, Self, runtime_checkable
 from schemas import ActionsWritten, SummaryReady
 from schemas.text import printable
 from sinks.context import SessionContext
+from streams.errors import AgentContextError
 from streams.hooks import Hook, fire
 from streams.settings import Settings
 
@@ -57,7 +58,7 @@ __all__ = [
 Operation = ActionsWritten | SummaryReady
 
 
-class PermanentSinkError(Exception):
+class PermanentSinkError(AgentContextError):
     """The destination refused this operation for good (e.g. HTTP 400): don't retry it."""
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from schemas import ActionsWritten, SummaryReady
 from schemas.ledger import SessionLedger
+from streams.errors import AgentContextError
 
 __all__ = [
     "Batch",
@@ -33,7 +34,7 @@ class Batch(BaseModel):
     text: str
 
 
-class Skip(Exception):
+class Skip(AgentContextError):
     """The operation was applied before (a redelivery) or belongs to an older generation."""
 
 

@@ -5,8 +5,8 @@ summary, high-water marks, the sink's ``extra``) under the session id, and each
 raw batch under ``batch_key(session, seq_from)``. Saving writes only what an
 operation changed: a new batch and the header, or the header and tombstones
 for the batches a summary now covers; the window is never rewritten whole.
-Records go straight to the changelog (``streams.changelog``); the caller
-confirms them before it acknowledges the operation.
+``save`` and ``erase`` return the writes; the caller commits them with the
+operation (``streams._faust.commit``: crash-safe order, then the input's ack).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pydantic import BaseModel
 
 from schemas.ledger import SessionLedger
 from sinks.context import Batch, SessionContext
-from streams import changelog
+from streams._faust import stores
+from streams._faust.commit import Write
 from streams.app import ContextApp
 from streams.tables import batch_key
 
@@ -68,14 +69,14 @@ class ContextStore:
             self._cache.popitem(last=False)
 
     def _read(self, session_id: str) -> SessionContext:
-        raw = changelog.read(self._table, session_id)
+        raw = stores.read(self._table, session_id)
         if raw is None:
             return SessionContext(session_id=session_id)
         header = orjson.loads(raw)
         seq = header.pop("first_batch", 0)
         batches = []
         while seq and seq <= header["actions_to"]:
-            stored = changelog.read(self._table, batch_key(session_id, seq))
+            stored = stores.read(self._table, batch_key(session_id, seq))
             if stored is None:  # never written by save(); stop rather than guess
                 break
             batch = Batch.model_construct(**orjson.loads(stored))  # written by save() below
@@ -86,50 +87,34 @@ class ContextStore:
                 header[name] = model.model_validate(header[name])
         return SessionContext.model_construct(**header, batches=batches)
 
-    def save(self, before: SessionContext, after: SessionContext) -> changelog.Written:
-        """Write the difference from ``before`` to ``after``: new batches, then the
-        header, then deletions.
-
-        Fix (found with the accumulator's twin, a kill -9 between writes): deleting
-        batches before the header stopped listing them could leave a header whose
-        first batch is gone, and ``load`` then dropped every batch after it. A
-        session's header and batches share one changelog partition (the table is
-        keyed by session), where a crash can only lose a suffix of the records, and
-        the local store applies them in order; so in this order whatever survives
-        is a consistent context. At worst, batch entries nothing refers to any more
-        stay behind (only after a crash).
-        """
-        sid = after.session_id
+    def save(self, before: SessionContext, after: SessionContext) -> list[Write]:
+        """The writes from ``before`` to ``after``: new batches, the header, deletions of
+        the batches it no longer lists (committed in that crash-safe order: a header
+        whose first batch is gone lost every batch after it on load). At worst, batch
+        entries nothing refers to any more stay behind (only after a crash)."""
+        sid, table = after.session_id, self._table
         new, deleted = _changed_batches(before, after)
-        written: changelog.Written = []
-
-        def put(key: str, value: bytes | None) -> None:
-            written.append((self._table, changelog.write(self._app, self._table, key, value)))
-
-        for batch in new:
-            put(batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__))
+        writes: list[Write] = [
+            (table, batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__)) for batch in new
+        ]
         header = {k: v for k, v in after.__dict__.items() if k != "batches"}
         for name in _NESTED:
             if header[name] is not None:
                 header[name] = header[name].model_dump(mode="json")
         header["first_batch"] = after.batches[0].seq_from if after.batches else 0
-        put(sid, orjson.dumps(header))
-        for batch in deleted:
-            put(batch_key(sid, batch.seq_from), None)
+        writes.append((table, sid, orjson.dumps(header)))
+        writes += [(table, batch_key(sid, batch.seq_from), None) for batch in deleted]
         if self._generation == self._app.consumer_generation_id:
             self._remember(after)
-        return written
+        return writes
 
-    def erase(self, context: SessionContext) -> changelog.Written:
+    def erase(self, context: SessionContext) -> list[Write]:
         """Tombstones for the session's header and each of its batches: nothing stays."""
-        sid = context.session_id
-        written: changelog.Written = [
-            (self._table, changelog.write(self._app, self._table, batch_key(sid, b.seq_from), None))
-            for b in context.batches
-        ]
-        written.append((self._table, changelog.write(self._app, self._table, sid, None)))
+        sid, table = context.session_id, self._table
+        writes: list[Write] = [(table, batch_key(sid, b.seq_from), None) for b in context.batches]
+        writes.append((table, sid, None))
         self._cache.pop(sid, None)
-        return written
+        return writes
 
 
 def _changed_batches(

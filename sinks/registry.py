@@ -10,12 +10,12 @@ no-argument constructor), a factory ``(settings) -> sink``, an object with
 from __future__ import annotations
 
 import inspect
-import pkgutil
 import re
 from importlib.metadata import entry_points
 from typing import Any
 
 from sinks.base import CallbackSink, ContextSink
+from streams.plugins import resolve
 from streams.settings import ConfigurationError, Settings
 
 __all__ = ["ENTRY_POINT_GROUP", "load_sink"]
@@ -33,10 +33,7 @@ BUILTIN = {
 
 
 def _import_target(target: str) -> Any:
-    try:
-        return pkgutil.resolve_name(target)  # "pkg.mod:attr", "pkg.mod.attr" or a module
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigurationError(f"AC_SINK={target!r} cannot be imported: {exc}") from None
+    return resolve(target, "AC_SINK")  # "pkg.mod:attr", "pkg.mod.attr" or a module
 
 
 def _resolve(spec: str) -> Any:

@@ -19,15 +19,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp.web
-import faust
-from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
-from faust.types import ConsumerT
 
-from streams import faust_patches, metrics, stalls
-from streams.appender import Appender
+from streams._faust.app_base import FaustApp
+from streams._faust.appender import Appender
 from streams.lanes import Lanes
-from streams.main_loop_consumer import MainLoopConsumer
+from streams.observe import metrics, stalls
 from streams.settings import ConfigurationError, Settings
 from streams.topics import DEAD_LETTER_MAX_BYTES, ensure_topics
 
@@ -37,10 +34,8 @@ log = logging.getLogger(__name__)
 
 EXIT_ON_BUG = 70  # EX_SOFTWARE: an internal error (see ContextApp.crash_on_lane_error)
 
-faust_patches.apply()  # Faust 0.15.3: no records lost or reordered around seeks (see the module)
 
-
-class ContextApp(faust.App):
+class ContextApp(FaustApp):
     """A Faust app that knows its settings and creates its topics before it consumes."""
 
     settings: Settings
@@ -67,7 +62,7 @@ class ContextApp(faust.App):
         """
         return cast(
             Awaitable[RecordMetadata],
-            await self._aiokafka_producer().send(topic, value, key=key, partition=partition),
+            await self.aiokafka_producer().send(topic, value, key=key, partition=partition),
         )
 
     async def append(
@@ -80,18 +75,11 @@ class ContextApp(faust.App):
 
     @functools.cached_property
     def appender(self) -> Appender:
-        """Batches records per partition for the hot paths' table writes (``streams.appender``)."""
-        return Appender(self._aiokafka_producer)
+        """Batches records per partition for the hot paths' table writes (``_faust.appender``)."""
+        return Appender(self.aiokafka_producer)
 
-    def _new_consumer(self) -> ConsumerT:
-        """Faust's consumer, served on this worker's event loop unless ``consumer_thread``
-        (``streams.main_loop_consumer``). The transport builds it from its ``Consumer``."""
-        if not self.settings.consumer_thread:
-            cast(Any, self.transport).Consumer = MainLoopConsumer
-        return super()._new_consumer()
-
-    def _aiokafka_producer(self) -> AIOKafkaProducer:
-        return cast(AIOKafkaProducer, cast(Any, self.producer)._ensure_producer())
+    def consumer_on_loop(self) -> bool:
+        return not self.settings.consumer_thread
 
     def mount(self, prefix: str, factory: Callable[[], aiohttp.web.Application]) -> None:
         """Serve another aiohttp application (e.g. the HTTP ingest) on this worker's port."""
@@ -150,38 +138,21 @@ class ContextApp(faust.App):
                 log.exception("shutdown hook %r raised", hook)
         await super().on_shutdown()
 
-    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
-        """Faust's wait for messages in progress, bounded by ``stop_grace_s`` on a stop.
+    def stop_grace_s(self) -> float | None:
+        # Bounded on a stop only (a test's destination went away under a sink, which
+        # then never stopped); rebalances keep Faust's unbounded wait.
+        return self.settings.stop_grace_s if self._stopping else None
 
-        Fix (found when a test's destination went away under a sink): on SIGTERM
-        Faust waits until every message taken is acknowledged, so a sink whose
-        destination is down, retrying with backoff, never stopped. After the grace
-        period the lanes are cancelled; what they held is not acknowledged, so it is
-        not committed, and it is redelivered (idempotently) after the restart.
-        Rebalances keep Faust's unbounded wait: a partition's work in progress
-        must end before another worker takes the partition.
-        """
-        if not self._stopping:
-            await super()._consumer_wait_empty(consumer, logger)
-            return
-        grace = self.settings.stop_grace_s
-        waiting = asyncio.ensure_future(super()._consumer_wait_empty(consumer, logger))
-        done, _ = await asyncio.wait({waiting}, timeout=grace)
-        if not done:
-            busy = sum(lanes.active_keys for lanes in self._lanes)
-            log.warning(
-                "stopping with %d session(s) still in progress after %.0fs; their messages "
-                "are not committed and are redelivered after the restart",
-                busy,
-                grace,
-            )
-            for lanes in self._lanes:
-                await lanes.close()
-            # Faust's wait swallows cancellation, so let it end instead: it stops
-            # waiting for what the lanes held (not acknowledged, so not committed)
-            # and commits what was acknowledged.
-            consumer._unacked_messages.clear()
-        await waiting
+    async def abandon_in_progress(self, waited_s: float) -> None:
+        busy = sum(lanes.active_keys for lanes in self._lanes)
+        log.warning(
+            "stopping with %d session(s) still in progress after %.0fs; their messages "
+            "are not committed and are redelivered after the restart",
+            busy,
+            waited_s,
+        )
+        for lanes in self._lanes:
+            await lanes.close()
 
     async def crash_on_lane_error(self, key: str, exc: BaseException) -> None:
         """``Lanes(on_error=...)``: a bug processed a session's message. Exit non-zero
@@ -272,7 +243,7 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         producer_max_batch_size=settings.producer_batch_bytes,
         # Lets a dead letter of a message at the broker's limit through (the
         # dead-letter topic accepts it); every other topic is guarded by
-        # MESSAGE_MAX_BYTES where messages are built (agents/accumulate.py).
+        # MESSAGE_MAX_BYTES where messages are built (agents/accumulate/stage.py).
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
         broker_commit_interval=1.0,
         broker_session_timeout=settings.broker_session_timeout_s,

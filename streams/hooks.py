@@ -7,39 +7,25 @@ may be sync or async and take fewer arguments than we can offer (the SDK's
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from streams.settings import ConfigurationError
+from streams.errors import ConfigurationError
+from streams.plugins import resolve
 
-__all__ = ["Hook", "call", "fire", "import_object", "load_callable"]
+__all__ = ["Hook", "call", "fire", "load_callable"]
 
 log = logging.getLogger(__name__)
 
 Hook = Callable[..., Any]
 
 
-def import_object(dotted: str) -> Any:
-    """``pkg.module:attr`` or ``pkg.module.attr``; a clear start-up error otherwise."""
-    module_name, sep, attr = dotted.partition(":")
-    if not sep:
-        module_name, _, attr = dotted.rpartition(".")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigurationError(f"cannot import {dotted!r}: {exc}") from None
-    return target
-
-
 def load_callable(dotted: str | None, setting: str) -> Hook | None:
     if not dotted:
         return None
-    target = import_object(dotted)
+    target = resolve(dotted, setting)
     if not callable(target):
         raise ConfigurationError(f"{setting}={dotted!r} is not callable")
     return target  # type: ignore[no-any-return]

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 from schemas import InvalidMessage
+from streams.errors import AgentContextError
 
 __all__ = ["InOrderAcks", "LaneFailed", "Lanes", "feed_lanes"]
 
@@ -26,7 +27,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-class LaneFailed(RuntimeError):
+class LaneFailed(AgentContextError, RuntimeError):
     """A lane's handler raised: its item was not finished, so no later item may run."""
 
 

@@ -24,6 +24,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas.ledger import DEFAULT_ERROR_PATTERN, DEFAULT_KEY_PATTERN, LedgerLimits
+from streams.errors import ConfigurationError
 
 __all__ = ["ConfigurationError", "HttpURL", "Settings", "from_environment", "load_settings"]
 
@@ -41,10 +42,6 @@ def _http_url(value: str) -> str:
 
 
 HttpURL = Annotated[str, AfterValidator(_http_url)]
-
-
-class ConfigurationError(SystemExit):
-    """Raised at start-up for invalid settings; exits with a readable message."""
 
 
 class Settings(BaseSettings):
@@ -66,7 +63,7 @@ class Settings(BaseSettings):
     topic_prefix: str = ""
     partitions: int = Field(default=8, ge=1)
     store: str = "memory://"  # or rocksdb:// for state larger than memory
-    # Bound the worker's RSS with the RocksDB store (streams/rocksdb.py): two write
+    # Bound the worker's RSS with the RocksDB store (streams/_faust/rocksdb.py): two write
     # buffers per database (one per table and partition), one block cache per worker.
     rocksdb_write_buffer_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
     rocksdb_block_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
@@ -79,7 +76,7 @@ class Settings(BaseSettings):
     metrics_require_token: bool = False
     allow_unauthenticated: bool = False  # serve session data beyond loopback with no token
     # Faust runs its Kafka consumer in a thread of its own; here it shares the worker's
-    # event loop unless this is true (streams/main_loop_consumer.py says why).
+    # event loop unless this is true (streams/_faust/consumer.py says why).
     consumer_thread: bool = False
     lag_interval_s: float = Field(default=5.0, gt=0)  # how often /metrics' consumer lag refreshes
     # Producer batching: a few ms of linger turns thousands of one-message produce
@@ -128,7 +125,7 @@ class Settings(BaseSettings):
     llm_daily_token_budget: int = Field(default=0, ge=0)  # per product and UTC day; 0: none
     llm_product_budgets: dict[str, int] = Field(default_factory=dict)  # {"product": tokens}
     max_in_flight_requests: int = Field(default=2000, ge=1)
-    # Records a worker buffers per input topic before pausing fetching (streams/batch_source.py).
+    # Records a worker buffers per input topic before pausing fetching (_faust/batch_source.py).
     batch_buffer: int = Field(default=4096, ge=1)
     # A session's message in progress this long is reported (a log warning and
     # ac_lane_items_stalled): a destination or LLM that retries for ever, or a hang.

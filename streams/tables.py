@@ -16,14 +16,15 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import faust
-from faust.stores.rocksdb import Store as RocksDBStore
 
-from streams import changelog, metrics, rocksdb
+from streams._faust import rocksdb, stores
+from streams._faust.raw_table import KEY_SEPARATOR, RawTable, SessionKeyedTable, session_of
 from streams.app import ContextApp
-from streams.lag import tables_recovered
-from streams.partitions import partition_of
+from streams.observe import metrics
+from streams.observe.lag import tables_recovered
 
 __all__ = [
+    "KEY_SEPARATOR",
     "OwnedKeyCount",
     "ScanPacer",
     "batch_key",
@@ -39,18 +40,9 @@ SCAN_YIELD_EVERY = 500  # entries between yields to the event loop while scannin
 
 log = logging.getLogger(__name__)
 
-# Between the session id and the index in a compound key. Session ids may not
-# contain it (``schemas.actions`` rejects them), so a key is a session's own
-# entry exactly when it has no separator.
-KEY_SEPARATOR = "\x1f"
-
 
 def batch_key(session_id: str, index: int) -> str:
     return f"{session_id}{KEY_SEPARATOR}{index}"
-
-
-def session_of(key: str) -> str:
-    return key.partition(KEY_SEPARATOR)[0]
 
 
 def is_session_key(key: str | bytes) -> bool:
@@ -60,66 +52,18 @@ def is_session_key(key: str | bytes) -> bool:
     return KEY_SEPARATOR not in key
 
 
-class _RawTable(faust.Table):
-    """A table whose changelog holds the raw key and value bytes.
-
-    Fix (found by tests/test_reliability.py): Faust derives a table's own
-    changelog serializers from ``key_type``/``value_type`` only and ignores a
-    ``schema=`` argument for writing, so these tables used to write the key as
-    JSON (``"sid"`` with quotes) and read the value back through JSON as a dict.
-    Two consequences: (1) every restart crashed the agents while recovering
-    (``SessionState.from_bytes(dict)``), and (2) the quoted key hashed to a
-    different partition than the session's raw key in the topics, so a worker
-    owning a session's partition did not recover that session's state. Raw
-    both ways keeps the key bytes identical to the topics' keys.
-    """
-
-    def _serializer_from_type(self, typ: Any) -> str:
-        return "raw"
-
-    def _new_store(self) -> Any:
-        store = super()._new_store()
-        rocksdb.bound(store)  # before any database is opened
-        return store
-
-    def partition_for_key(self, key: Any) -> int:
-        """The key's partition, computed like Kafka's default partitioner (murmur2).
-
-        Fix (found by tests/test_reliability.py, a sink worker's first writes on a
-        fresh broker): with ``use_partitioner`` Faust asks the producer to pick the
-        partition, and the producer raises ``TypeError`` when it has no metadata
-        for the changelog topic yet (just created). The write failed, the lane
-        handling the session stopped with its event never acknowledged, commits
-        stopped for that partition, the context lost the operation, and the next
-        rebalance hung waiting for the unacknowledged events. Computing the
-        partition needs no metadata, and is by construction the session's
-        partition in every topic.
-        """
-        return partition_of(key, int(self.partitions or self.app.conf.topic_partitions))
-
-
-class _SessionKeyedTable(_RawTable):
-    """A session's entry and its compound keys (``batch_key``) on the partition of
-    the session, so each worker holds (and recovers) exactly the entries of the
-    sessions it owns, and all of a session's changelog records are on one
-    partition, in the order they were written."""
-
-    def partition_for_key(self, key: Any) -> int:
-        return super().partition_for_key(session_of(key))
-
-
 def session_table(app: ContextApp, name: str) -> faust.Table:
     """A table keyed by session id, raw bytes values."""
-    return _declare(app, _RawTable, name)
+    return _declare(app, RawTable, name)
 
 
 def session_keyed_table(app: ContextApp, name: str) -> faust.Table:
     """A table of session entries (keyed by session id) and their ``batch_key``
     entries, all on the session's partition."""
-    return _declare(app, _SessionKeyedTable, name)
+    return _declare(app, SessionKeyedTable, name)
 
 
-def _declare(app: ContextApp, cls: type[_RawTable], name: str) -> faust.Table:
+def _declare(app: ContextApp, cls: type[RawTable], name: str) -> faust.Table:
     table = cls(
         app,
         name=name,
@@ -148,7 +92,7 @@ def _report_rocksdb_memory(app: ContextApp) -> None:
 
 
 def _rocksdb_options(app: ContextApp) -> dict[str, int]:
-    """Bounded memory (``streams.rocksdb``): Faust's defaults are a 2 GiB block
+    """Bounded memory (``streams._faust.rocksdb``): Faust's defaults are a 2 GiB block
     cache and 3 x 64 MiB write buffers per database (one per table and partition).
     """
     settings = app.settings
@@ -183,7 +127,7 @@ async def session_items(
     entries are skipped).
 
     Timers pass the partitions whose state is current
-    (:meth:`streams.batch_source.BatchSource.caught_up`): entries elsewhere are
+    (:meth:`streams._faust.batch_source.BatchSource.caught_up`): entries elsewhere are
     stale, kept for partitions another worker owns now (see
     :func:`owned_partitions`), or behind records still to be read.
 
@@ -196,9 +140,7 @@ async def session_items(
     """
     if not partitions:
         return
-    store = cast(Any, table).data
-    entries = store.items() if isinstance(store, RocksDBStore) else list(store.items())
-    for n, (key, value) in enumerate(entries, 1):
+    for n, (key, value) in enumerate(stores.scan(cast(Any, table).data), 1):
         if n % SCAN_YIELD_EVERY == 0:
             await asyncio.sleep(0)
         if not is_session_key(key):
@@ -288,19 +230,11 @@ class OwnedKeyCount:
         return cast(int, self.table.partition_for_key(key))
 
     def _count(self, partitions: set[int]) -> dict[int, int]:
-        counts = dict.fromkeys(partitions, 0)
         store = cast(Any, self.table).data
-        if isinstance(store, RocksDBStore):
-            for partition in partitions:
-                db = store._dbs.get(partition)
-                counts[partition] = 0 if db is None else sum(map(is_session_key, db.keys()))
-        else:
-            for key in store.keys():
-                if is_session_key(key) and (partition := self._partition(key)) in counts:
-                    counts[partition] += 1
+        counts = stores.count_keys(store, partitions, is_session_key, self._partition)
         for key, will_exist in self.pending():
             if not is_session_key(key):
                 continue
             if (partition := self._partition(key)) in counts:
-                counts[partition] += will_exist - (changelog.read(self.table, key) is not None)
+                counts[partition] += will_exist - (stores.read(self.table, key) is not None)
         return counts

@@ -1,5 +1,5 @@
-"""``streams.appender`` against a real broker: shared acknowledgements, and ``then``
-callbacks that run only once the broker has the records (``streams.changelog``
+"""``streams._faust.appender`` against a real broker: shared acknowledgements, and ``then``
+callbacks that run only once the broker has the records (``streams._faust.changelog``
 makes a table's store take a value there, so the store never holds what the
 changelog does not)."""
 
@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import RecordMetadata
 
-from streams.appender import Appender
+from streams._faust.appender import Appender
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kafka

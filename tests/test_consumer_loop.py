@@ -1,4 +1,4 @@
-"""Where Faust's Kafka consumer runs (streams/main_loop_consumer.py).
+"""Where Faust's Kafka consumer runs (streams/_faust/consumer.py).
 
 Every integration test consumes through the default; these pin the wiring."""
 

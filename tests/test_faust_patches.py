@@ -1,4 +1,4 @@
-"""``streams.faust_patches._getmany``: a batch fetched across a seek.
+"""``streams._faust.divert._getmany``: a batch fetched across a seek.
 
 The race itself needs a rebalance during a fetch (the reliability tests meet it
 now and then on a real broker); here the seek is made to happen mid-batch, on a
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from faust.types import TP
 
-from streams import faust_patches
+from streams._faust import divert
 
 STREAM = TP("t.context", 0)
 CHANGELOG = TP("app-contexts-changelog", 0)
@@ -47,9 +47,9 @@ async def deliver(
     async def reseek(self: Any) -> None:
         self.reseeks += 1
 
-    monkeypatch.setattr(faust_patches, "_original_getmany", fetched)
-    monkeypatch.setattr(faust_patches, "_perform_seek", reseek)
-    return [(tp, r.offset) async for tp, r in faust_patches._getmany(consumer, 1.0)]  # type: ignore[arg-type]
+    monkeypatch.setattr(divert, "_original_getmany", fetched)
+    monkeypatch.setattr(divert, "_perform_seek", reseek)
+    return [(tp, r.offset) async for tp, r in divert._getmany(consumer, 1.0)]  # type: ignore[arg-type]
 
 
 async def test_stream_records_fetched_across_a_seek_are_refetched_changelog_records_delivered(

@@ -656,7 +656,7 @@ async def test_intercom_sink_killed_mid_stream_posts_nothing_twice(
         # consumer, not the sink: faust-streaming 0.15.3 can drop or stall the first
         # uncommitted records of a worker restarting with table state (its fetcher runs
         # during recovery, before the seek to the committed offsets; see
-        # streams/faust_patches.py). The Intercom calls are in intercom-calls.jsonl.
+        # streams/_faust/divert.py). The Intercom calls are in intercom-calls.jsonl.
         check_destination(server, payloads, threshold, dump=tmp_path / "intercom-calls.jsonl")
 
 

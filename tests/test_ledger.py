@@ -6,8 +6,8 @@ from collections import Counter
 
 import orjson
 
+from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload, close_idle
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
-from agents.session_state import Limits, MemoryBatchStore, apply_payload, close_idle
 from schemas import ActionsPayload, SummarizeRequest
 from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from sinks.base import Operation
 from sinks.context import SessionContext
-from streams.lag import worker_status
+from streams.observe.lag import worker_status
 from streams.settings import Settings
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.pipeline import Pipeline, expected_summary_ranges, produce, settings_from

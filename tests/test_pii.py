@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.pii import PLACEHOLDER, PiiFilter, build_pii_filter
 from agents.pii.presidio import presidio_detectors
-from agents.session_state import Limits, MemoryBatchStore, apply_payload
 from agents.summarizer import build_prompt, default_format_actions
 from schemas import ActionsPayload
-from streams import metrics
+from streams.observe import metrics
 from streams.settings import ConfigurationError, Settings, from_environment
 
 KEY = b"test-key-not-a-secret-0123456789"

@@ -1,12 +1,12 @@
-"""The RocksDB store's memory is bounded by configuration, not by the data (streams/rocksdb.py)."""
+"""The RocksDB store's memory is bounded by configuration, not by the data (_faust/rocksdb.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from streams._faust.rocksdb import BoundedRocksDBOptions, memory_bytes
 from streams.app import create_app
-from streams.rocksdb import BoundedRocksDBOptions, memory_bytes
 from streams.settings import Settings
 from streams.tables import session_table
 

@@ -6,7 +6,7 @@ import itertools
 
 import orjson
 
-from agents.session_state import (
+from agents.accumulate.state import (
     Limits,
     MemoryBatchStore,
     SessionState,

@@ -109,7 +109,7 @@ async def test_every_plug_in_shape_loads(tmp_path: Path, monkeypatch: pytest.Mon
     assert load_sink("my-slow", settings).name == "slow"
 
     # Built-ins still win by name; a typo is a clear start-up error.
-    with pytest.raises(ConfigurationError, match="cannot be imported"):
+    with pytest.raises(ConfigurationError, match="cannot import"):
         load_sink("tests.support.no_such_module:Sink", settings)
     with pytest.raises(ConfigurationError, match="neither a sink"):
         load_sink("tests.support.sink_plugins:plugin_file", settings)

@@ -1,4 +1,4 @@
-"""``streams.stalls``: event-loop lag and garbage-collector pauses reach their histograms."""
+"""``streams.observe.stalls``: event-loop lag and garbage-collector pauses reach histograms."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import REGISTRY
 
-from streams.stalls import time_gc_pauses, watch_event_loop
+from streams.observe.stalls import time_gc_pauses, watch_event_loop
 from tests.support.waiting import wait_for
 
 

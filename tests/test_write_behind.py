@@ -1,10 +1,11 @@
-"""``WriteBehind``'s crash-consistent order of a unit's writes (``_ordered``)."""
+"""The crash-safe order of a unit's writes (``streams._faust.commit.crash_safe_order``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from streams.write_behind import WriteBehind
+from streams._faust.commit import crash_safe_order, session_rank
+from streams.tables import batch_key
 
 
 def order_of(key: str, value: bytes | None) -> int:
@@ -14,15 +15,10 @@ def order_of(key: str, value: bytes | None) -> int:
     return 1
 
 
-async def never(where: str, exc: BaseException) -> None:
-    raise AssertionError(f"{where}: {exc}")
-
-
 def ordered(writes: list[tuple[str, bytes | None]]) -> list[tuple[str, bytes | None]]:
     table: Any = object()
-    unit = [(table, key, value, version) for version, (key, value) in enumerate(writes)]
-    behind = WriteBehind(None, on_error=never, order_of=order_of)  # type: ignore[arg-type]
-    return [(key, value) for _, key, value, _ in behind._ordered(unit)]
+    unit = [(table, key, value) for key, value in writes]
+    return [(key, value) for _, key, value in crash_safe_order(unit, order_of)]
 
 
 def test_new_entries_then_what_refers_to_them_then_deletions_each_in_write_order() -> None:
@@ -52,3 +48,8 @@ def test_a_key_whose_writes_would_swap_keeps_the_units_own_order() -> None:
 def test_one_rank_is_returned_as_it_is() -> None:
     writes = [("a", b"1"), ("b", b"2"), ("a", b"3")]
     assert ordered(writes) == writes
+
+
+def test_the_session_rank_is_that_order_over_batch_keys() -> None:
+    assert [session_rank(k, v) for k, v in [(batch_key("a", 1), b"x"), ("a", b"s")]] == [0, 1]
+    assert session_rank(batch_key("a", 1), None) == 2

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from agents.cli import dead_letters, ingest, produce, read
 from agents.cli.common import app
+from streams.errors import stop_on_configuration_error
 
 __all__ = ["app", "main"]
 
@@ -36,5 +37,6 @@ app.command()(ingest.ingest)
 app.command("sse-bridge")(ingest.sse_bridge)
 
 
+@stop_on_configuration_error()  # a bad setting is one line, not a traceback
 def main() -> None:
     app(prog_name="agent-context")

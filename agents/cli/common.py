@@ -18,6 +18,7 @@ from aiokafka.structs import ConsumerRecord
 from rich.console import Console
 
 from agents.ingest.producer import ProduceError
+from streams.errors import AgentContextError
 from streams.settings import ConfigurationError, Settings, load_settings
 
 T = TypeVar("T")
@@ -48,7 +49,7 @@ Bootstrap = Annotated[
 ]
 
 
-class CliError(Exception):
+class CliError(AgentContextError):
     """A user-facing failure: printed as one line, exit code 1, no traceback."""
 
 

@@ -8,12 +8,14 @@ import orjson
 from aiohttp import web
 from prometheus_client import Counter
 
+from streams.errors import AgentContextError
+
 __all__ = ["INGEST_REQUESTS", "BodyTooLarge", "json_response", "read_limited", "reject"]
 
 INGEST_REQUESTS = Counter("ac_ingest_requests_total", "Webhook ingest requests", ["outcome"])
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(AgentContextError):
     pass
 
 

@@ -36,7 +36,7 @@ from agents.ingest.producer import (
 )
 from schemas import InvalidMessage
 from schemas.connector import SIGNATURE_HEADER, parse_frame, verify
-from streams import metrics
+from streams.observe import metrics
 from streams.settings import ConfigurationError, Settings, from_environment
 
 __all__ = [
@@ -194,7 +194,7 @@ def _actions_enabled(ingest: IngestSettings) -> bool:
 
 def optional_ingest_settings() -> IngestSettings | None:
     """The ingest settings when the operator enabled ingest in the worker, else ``None``."""
-    ingest = IngestSettings()
+    ingest = from_environment(IngestSettings, "AC_INGEST_")
     if (
         not _actions_enabled(ingest)
         and from_environment(IntercomWebhookSettings, "AC_INTERCOM_").webhook_secret is None

@@ -25,6 +25,8 @@ from pydantic import BaseModel
 from schemas import DeadLetter, EraseRequest, InvalidMessage, SessionLink, decode, encode
 from schemas.connector import ACTIONS as ACTIONS_FRAME
 from schemas.connector import parse_actions, session_hint
+from streams.dead_letters import dead_letter
+from streams.errors import AgentContextError
 from streams.settings import Settings
 from streams.topics import ACTIONS, DEAD_LETTERS, LINKS, MESSAGE_MAX_BYTES
 
@@ -40,7 +42,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class ProduceError(RuntimeError):
+class ProduceError(AgentContextError, RuntimeError):
     """The broker did not acknowledge a message (unreachable, timed out, rejected)."""
 
 
@@ -73,16 +75,8 @@ def input_dead_letter(
 ) -> DeadLetter:
     """The dead letter of an input read from no topic (HTTP, SSE, a file's line
     ``offset``), keyed by the session it names."""
-    return DeadLetter(
-        reason=reason,
-        stage=stage,
-        source_topic=source,
-        partition=-1,
-        offset=offset,
-        key=session_hint(original),
-        original_b64=DeadLetter.encode_original(original),
-        failed_at=time.time(),
-    )
+    key = session_hint(original)
+    return dead_letter(reason, stage, original, source_topic=source, offset=offset, key=key)
 
 
 class ActionsProducer:

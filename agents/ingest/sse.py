@@ -44,8 +44,9 @@ from agents.ingest.producer import (
 )
 from schemas import InvalidMessage
 from schemas.connector import parse_frame
-from streams import metrics
+from streams.errors import AgentContextError
 from streams.hooks import Hook, fire, load_callable
+from streams.observe import metrics
 from streams.settings import HttpURL
 
 __all__ = ["BridgeSettings", "SSEBridge", "SSEBridgeFatal"]
@@ -58,7 +59,7 @@ SSE_RECONNECTS = Counter("ac_sse_reconnects_total", "SSE reconnects", ["cause"])
 _FATAL_STATUS = (401, 403, 404)
 
 
-class SSEBridgeFatal(RuntimeError):
+class SSEBridgeFatal(AgentContextError, RuntimeError):
     """A condition retrying cannot fix (bad token, wrong URL); the bridge stops."""
 
 
@@ -326,9 +327,9 @@ class _EqualJitter(wait_base):
         return step / 2 + random.uniform(0, step / 2)
 
 
-class _RetryableStatus(Exception):
+class _RetryableStatus(AgentContextError):
     """A non-2xx answer worth retrying (5xx, 429, ...)."""
 
 
-class _Dropped(Exception):
+class _Dropped(AgentContextError):
     """A connection ended (its cause is the message); the bridge reconnects."""

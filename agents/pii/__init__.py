@@ -26,7 +26,7 @@ from urllib.parse import unquote, unquote_plus
 from agents.pii.detectors import BUILT_IN, Detector, Phones, Span, regex_detector
 from schemas import ActionsPayload
 from schemas.text import PII_PLACEHOLDER
-from streams import metrics
+from streams.observe import metrics
 from streams.settings import ConfigurationError, Settings
 
 __all__ = ["FIELD_POLICY", "PiiFilter", "build_pii_filter"]

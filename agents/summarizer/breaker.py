@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Final, Literal, NoReturn
 
 from agents.summarizer.llm import LLMError
-from streams.metrics import BREAKER_STATE, BREAKER_TRANSITIONS, LLM_FAILURES
+from streams.observe.metrics import BREAKER_STATE, BREAKER_TRANSITIONS, LLM_FAILURES
 
 __all__ = ["BreakerOpen", "CircuitBreaker"]
 

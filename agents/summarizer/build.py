@@ -55,7 +55,7 @@ class LLMSummarizer(Summarizer):
     ) -> str:
         if self._pii is not None and payloads:
             # Before formatting, so a custom formatter sees placeholders too; the previous
-            # summary as well: an offline fold (agents/summarize.py) is made from raw actions.
+            # summary as well: an offline fold (agents/summarize/) is made from raw actions.
             session = payloads[0].session_id
             payloads = self._pii.redact(payloads, session)
             previous = self._pii.redact_text(previous, session) if previous else previous

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from agents.summarizer.llm import Usage
 from schemas import SummaryUsage
-from streams import metrics
+from streams.observe import metrics
 
 __all__ = ["Accounting", "CostReport"]
 

@@ -8,7 +8,6 @@ the server asked us to wait, because only the provider's response knows that.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,8 @@ from typing import Final, cast
 import openai
 
 from streams import retry as streams_retry
+from streams.errors import AgentContextError, ConfigurationError
+from streams.plugins import resolve
 from streams.settings import Settings
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 # The session a summarize call is for, so LLM failures can be logged with it
-# (set by agents/summarize.py around each call; "-" outside one).
+# (set by agents/summarize/ around each call; "-" outside one).
 llm_session: ContextVar[str] = ContextVar("llm_session", default="-")
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def usage_of(answer: str) -> Usage | None:
     return getattr(answer, "usage", None)
 
 
-class LLMError(Exception):
+class LLMError(AgentContextError):
     """A failed LLM call.
 
     ``retryable`` says whether the same prompt may succeed later (rate limits,
@@ -235,14 +236,9 @@ def load_llm_callable(dotted: str) -> LLMCallable:
     if not module_name or not attr_path:
         raise ValueError(f"LLM callable {dotted!r} must look like 'pkg.module:function'")
     try:
-        target: object = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} for LLM callable: {exc}") from exc
-    for part in attr_path.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError:
-            raise ValueError(f"LLM callable {dotted!r}: {part!r} not found") from None
+        target: object = resolve(dotted)
+    except ConfigurationError as exc:
+        raise ValueError(f"LLM callable: {exc}") from None
     if inspect.isclass(target) or not callable(target):
         raise ValueError(
             f"LLM callable {dotted!r} must be an async function (prompt) -> str, "

@@ -27,7 +27,7 @@ from tenacity.wait import wait_random_exponential
 
 from agents.summarizer.breaker import BreakerOpen, CircuitBreaker
 from agents.summarizer.llm import LLMCallable, LLMError, llm_session
-from streams.metrics import LLM_FAILURES, LLM_IN_FLIGHT, LLM_LATENCY
+from streams.observe.metrics import LLM_FAILURES, LLM_IN_FLIGHT, LLM_LATENCY
 from streams.settings import Settings
 
 __all__ = ["LLMUnavailable", "ResilientLLM"]

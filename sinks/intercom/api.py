@@ -12,13 +12,14 @@ from pydantic import SecretStr
 from sinks._http import Destination, TransientHTTPError
 from sinks.base import PermanentSinkError
 from sinks.intercom.settings import IntercomSettings
+from streams.errors import AgentContextError
 
 __all__ = ["ConversationMissing", "ConversationNotFound", "IntercomAPI"]
 
 log = logging.getLogger(__name__)
 
 
-class ConversationNotFound(Exception):
+class ConversationNotFound(AgentContextError):
     def __init__(self, conversation_id: str) -> None:
         super().__init__(f"Intercom conversation {conversation_id} not found")
         self.conversation_id = conversation_id

@@ -15,7 +15,7 @@ from faust.web import Request, Response, View
 from sinks.context import SessionContext
 from sinks.vector.enrich import enrich_text
 from sinks.vector.store import Hit, Kind
-from streams.web import unauthorized
+from streams.observe.web import unauthorized
 
 if TYPE_CHECKING:
     from sinks.vector.sink import VectorSink

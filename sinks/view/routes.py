@@ -39,7 +39,7 @@ from sinks.view.render import (
     session_url,
 )
 from sinks.view.sink import row_from
-from streams.web import COOKIE, browser_cookie, unauthorized_browser
+from streams.observe.web import COOKIE, browser_cookie, unauthorized_browser
 
 if TYPE_CHECKING:
     from sinks.view.sink import ViewSink

@@ -1,39 +1,17 @@
-"""Fixes for faust-streaming 0.15.3 that every worker needs (applied by ``streams.app``).
+"""Fixes to faust-streaming 0.15's seeks and fetches (installed by :func:`apply`), and the
+diversion of topics whose records skip Faust's per-message delivery (:func:`divert`).
 
-Found by tests/test_reliability.py (a worker SIGKILLed mid-stream and restarted):
-after table recovery, ``Recovery.on_recovery_completed`` *resumes* the stream
-partitions and only then seeks them to their committed offsets. Fetching runs
-in between (the flow is already active for reading changelogs), so records
-fetched from the pre-seek position reach the agents, and the seek then rewinds
-Faust's read offset under them. Observed effects, all silent:
+1. ``Recovery.on_recovery_completed``: seek the paused stream partitions to their
+   committed offsets, then resume them (Faust resumed first, so records fetched from
+   the pre-seek position reached the agents; the order of faust-streaming PR #217).
+2. ``Consumer.getmany``: a seek epoch. A batch whose fetch overlapped a seek does not
+   deliver its stream records; the consumer seeks to the committed offsets again and
+   fetches them again. Its changelog records are delivered (recovery positions them).
+3. ``Consumer.perform_seek``: a partition with no committed offset goes back to the
+   beginning, as ``auto_offset_reset="earliest"`` prescribes.
 
-* a record far ahead of the committed offset processed first, and the records
-  before it then skipped by the accumulator as already applied (lost actions);
-* records after the first few treated as a "gap" that counts as acknowledged,
-  committed, and dropped when they arrive again below the read offset (lost
-  actions, lost summaries, lost sink operations).
-
-The fix is the same method with the two steps in the safe order: seek the
-(paused) stream partitions to their committed offsets, then resume them. This
-is the order Faust itself uses elsewhere (see faust-streaming PR #217).
-
-A second fix, same family (found by the rebalance test: a second worker joins):
-``Consumer.getmany`` fetches a batch in the consumer thread (here, by default, the
-consumer's task on the same loop: the awaits interleave all the same) and yields
-it from the main thread. When ``perform_seek`` (rebalance recovery) runs while a batch
-is being fetched or yielded, records from *before* the seek are delivered
-after it. Faust has just reset its read offset to the committed offset, so it
-takes the stale record's higher offset as a "gap", counts the skipped offsets
-as acknowledged and commits past them, then drops the re-fetched records as
-already read: lost. Fix: a seek epoch. The stream records of a batch whose
-fetch overlapped a seek are not delivered; instead the consumer seeks to the
-committed offsets again, so they are fetched again. (Its changelog records are
-delivered: recovery positions those partitions itself; see ``_getmany``.)
-
-A third (found by the stuck-session test, issue #6): ``perform_seek`` does not
-move a partition that has no committed offset yet, so records consumed and
-discarded there were never fetched again. Such partitions now go back to the
-beginning, as ``auto_offset_reset="earliest"`` prescribes.
+Each of the three lost records silently (docs/decisions.md, "Faust's seeks");
+tests/test_reliability.py and tests/test_faust_patches.py prove them.
 """
 
 from __future__ import annotations
@@ -43,14 +21,11 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
-import faust
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer, ensure_TP
 from faust.types import TP, Message
 
 __all__ = ["apply", "divert", "diverted_topics"]
-
-PATCHED_VERSION = "0.15.3"
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +109,7 @@ async def _perform_seek(self: Consumer) -> None:
         self._ac_seek_epoch += 1  # type: ignore[attr-defined]
 
 
-# Topics whose records skip Faust's per-message delivery (``streams.batch_source``).
+# Topics whose records skip Faust's per-message delivery (``streams._faust.batch_source``).
 _diverted: dict[str, Callable[[Consumer, TP, Message], None]] = {}
 
 
@@ -151,11 +126,8 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
     """Faust's getmany, not delivering stream records fetched before or during a seek;
     records of diverted topics go to their taker instead of the conductor.
 
-    Changelog records are always delivered. Fix (found by the broker-restart test on a
-    loaded machine: a sink stuck in recovery for minutes, "No event received for active
-    tp"): the whole batch used to be dropped, changelog records too, and the re-seek
-    below only rewinds stream partitions; recovery, which positions the changelog
-    partitions itself, then waited for records that never came again.
+    Changelog records are always delivered: the re-seek below rewinds only stream
+    partitions, so recovery would wait for dropped ones for ever (the broker-restart test).
     """
     epoch = getattr(self, "_ac_seek_epoch", 0)
     read_offset = self._read_offset
@@ -187,11 +159,7 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
 
 
 def apply() -> None:
-    if faust.__version__ != PATCHED_VERSION:  # the copy above is of this version's method
-        raise RuntimeError(
-            f"streams/faust_patches.py patches faust-streaming {PATCHED_VERSION}, "
-            f"found {faust.__version__}: check whether the fix is still needed"
-        )
+    """Install the fixes (the package's version guard has checked Faust's version)."""
     Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
     Consumer.perform_seek = _perform_seek  # type: ignore[method-assign]
     Consumer.getmany = _getmany  # type: ignore[method-assign,assignment]

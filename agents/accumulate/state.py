@@ -19,6 +19,7 @@ import orjson
 
 from schemas import ActionsPayload
 from schemas.ledger import LedgerLimits, new_ledger, update_ledger
+from schemas.records import JsonRecord
 
 if TYPE_CHECKING:
     from agents.pii import PiiFilter
@@ -58,7 +59,7 @@ class MemoryBatchStore:
 
 
 @dataclass
-class SessionState:
+class SessionState(JsonRecord):
     generation: int
     product_id: str = ""
     conversation_id: str | None = None
@@ -78,13 +79,6 @@ class SessionState:
     ingested_at: float = 0.0
     # The session's facts (schemas.ledger), updated on every batch; None: turned off.
     ledger: dict[str, Any] | None = None
-
-    def to_bytes(self) -> bytes:
-        return orjson.dumps(self)  # orjson encodes dataclasses natively (no asdict deep copy)
-
-    @classmethod
-    def from_bytes(cls, raw: bytes) -> SessionState:
-        return cls(**orjson.loads(raw))
 
     @property
     def pending_batches(self) -> int:

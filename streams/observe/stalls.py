@@ -16,7 +16,7 @@ import gc
 import time
 from typing import Any
 
-from streams.metrics import EVENT_LOOP_LAG, GC_PAUSE
+from streams.observe.metrics import EVENT_LOOP_LAG, GC_PAUSE
 
 __all__ = ["time_gc_pauses", "watch_event_loop"]
 

@@ -18,7 +18,9 @@ from typing import Any
 
 import rocksdict
 from faust.stores.rocksdb import RocksDBOptions
-from faust.stores.rocksdb import Store as RocksDBStore
+
+from streams._faust import stores
+from streams._faust.stores import databases
 
 __all__ = ["MEMORY_KINDS", "BoundedRocksDBOptions", "bound", "memory_bytes"]
 
@@ -48,21 +50,16 @@ class BoundedRocksDBOptions(RocksDBOptions):
 
 def bound(store: Any) -> None:
     """Make a Faust RocksDB store open its databases with :class:`BoundedRocksDBOptions`."""
-    if isinstance(store, RocksDBStore) and store.use_rocksdict:
+    if stores.is_rocksdb(store) and store.use_rocksdict:
         store.rocksdb_options = BoundedRocksDBOptions(**(store.options or {}), use_rocksdict=True)
 
 
 def memory_bytes(stores: Iterable[Any]) -> dict[str, int]:
     """RocksDB's own memory across ``stores``' open databases, by kind."""
     totals = dict.fromkeys(MEMORY_KINDS, 0)
-    for store in stores:
-        if not isinstance(store, RocksDBStore):
-            continue
-        for db in list(store._dbs.values()):
-            totals["memtables"] += db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
-            totals["table_readers"] += (
-                db.property_int_value("rocksdb.estimate-table-readers-mem") or 0
-            )
-            # The cache is shared: every database reports the same usage.
-            totals["block_cache"] = db.property_int_value("rocksdb.block-cache-usage") or 0
+    for db in databases(stores):
+        totals["memtables"] += db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        totals["table_readers"] += db.property_int_value("rocksdb.estimate-table-readers-mem") or 0
+        # The cache is shared: every database reports the same usage.
+        totals["block_cache"] = db.property_int_value("rocksdb.block-cache-usage") or 0
     return totals

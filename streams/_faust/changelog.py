@@ -3,7 +3,7 @@
 Faust's own table write (``table[key] = value``) sends each changelog record as
 a FutureMessage through its producer buffer: measured on the accumulator, that
 path cost more than all of our per-event work. Here a write appends the record
-to its partition's next batch (``streams.appender``), in the format Faust's
+to its partition's next batch (``streams._faust.appender``), in the format Faust's
 recovery reads (same topic and partition, raw key and value bytes; None is a
 tombstone), and the store takes the value once the broker has the record.
 The caller awaits the returned acknowledgement before it lets the input that
@@ -19,7 +19,7 @@ newer local-only values of others: a session entry from before a summary,
 beside the deletions of the batches it still listed. A store that only ever
 holds acknowledged records is a prefix of the changelog, which the replay makes
 whole again. Until then, readers see pending values through the writer's own
-overlay (``streams.write_behind``) or by waiting for :func:`confirm`.
+overlay (``streams._faust.write_behind``) or by waiting for :func:`confirm`.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, cast
 
-from faust.stores.memory import Store as MemoryStore
-from faust.stores.rocksdb import Store as RocksDBStore
 from faust.types import TableT
 
+from streams._faust import stores
 from streams.app import ContextApp
 
-__all__ = ["Written", "confirm", "read", "write"]
+__all__ = ["Written", "confirm", "write"]
 
 # Changelog records written and not yet confirmed: (table, the broker's acknowledgement).
 Written = list[tuple[TableT[str, bytes], Awaitable[Any]]]
@@ -48,49 +47,8 @@ def write(
     store = cast(Any, table).data
     topic = table.changelog_topic.get_topic_name()
     return app.appender.append(
-        topic, partition, key.encode(), value, then=lambda: _store_put(store, key, value, partition)
+        topic, partition, key.encode(), value, then=lambda: stores.put(store, key, value, partition)
     )
-
-
-def read(table: TableT[str, bytes], key: str) -> bytes | None:
-    """``table.get(key)``, straight from the key's partition for a RocksDB store.
-
-    Faust's RocksDB lookup of a key missing from its small LRU index probes
-    every partition database in turn; with hundreds of thousands of sessions
-    nearly every lookup missed (the memory benchmark ran 4x slower).
-    """
-    store = cast(Any, table).data
-    if isinstance(store, RocksDBStore):
-        partition = cast(int, table.partition_for_key(key))
-        try:
-            db = store._dbs[partition]
-        except KeyError:  # not opened yet: nothing written there by this worker
-            return cast(bytes | None, table.get(key))
-        return cast(bytes | None, db.get(key.encode()))
-    if isinstance(store, MemoryStore):
-        return cast(bytes | None, store.data.get(key))  # its dict, without Table.get's hooks
-    return cast(bytes | None, table.get(key))
-
-
-def _store_put(store: Any, key: str, value: bytes | None, partition: int) -> None:
-    if isinstance(store, RocksDBStore):
-        # Faust's RocksDB ``_set`` writes into the database of the *current
-        # event's* partition (and asserts there is one): wrong for a timer, a
-        # lane task, or a batch holding several partitions' events. Write into
-        # the key's own partition database, as recovery would.
-        raw = key.encode()
-        if value is None:
-            store._del(raw)
-        else:
-            store._db_for_partition(partition).put(raw, value)
-            store._key_index[raw] = partition
-    elif value is None:
-        store.pop(key, None)
-    else:
-        # A compact copy: orjson 3.13's ``dumps`` result keeps its ~4 KiB initial
-        # buffer, so holding it in the in-memory store cost ~4 KiB per entry
-        # (found by scripts/bench.py --mode memory: 13 KiB of RSS per session).
-        store[key] = memoryview(value).tobytes()
 
 
 async def confirm(written: Written) -> None:

@@ -21,8 +21,9 @@ from typing import Any
 import faust
 from faust.types import TP
 
-from streams import faust_patches
-from streams.metrics import CONSUMER_LAG
+from streams._faust import divert
+from streams._faust.consumer import committed_offset
+from streams.observe.metrics import CONSUMER_LAG
 
 __all__ = [
     "LagTracker",
@@ -41,7 +42,7 @@ def input_topics(app: faust.App) -> set[str]:
     """The topics this app's agents and batch sources consume (not table changelogs,
     not Faust internals)."""
     agents = {name for agent in app.agents.values() for name in agent.get_topic_names()}
-    return agents | faust_patches.diverted_topics()
+    return agents | divert.diverted_topics()
 
 
 def assigned_inputs(app: faust.App) -> list[TP]:
@@ -53,18 +54,6 @@ def assigned_inputs(app: faust.App) -> list[TP]:
         return []
     topics = input_topics(app)
     return sorted((tp for tp in assigned if tp.topic in topics), key=lambda tp: tuple(tp))
-
-
-def committed_offset(app: faust.App, tp: TP) -> int | None:
-    """The group's committed offset for ``tp`` as this worker's consumer knows it.
-
-    Faust keeps it in ``Consumer._committed_offset``: loaded from the broker when
-    the partition is assigned, updated by each commit, dropped on revocation.
-    It stores a committed 0 as ``None``, like "nothing committed yet".
-    """
-    offsets: Any = getattr(app.consumer, "_committed_offset", {})
-    value = offsets.get(tp)  # .get: the mapping is a defaultdict, don't grow it
-    return int(value) if value is not None else None
 
 
 async def consumption_starts(app: faust.App, tps: list[TP]) -> dict[TP, int]:

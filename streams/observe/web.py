@@ -9,7 +9,7 @@ from faust.web import Request, Response, View
 from prometheus_client import generate_latest
 from pydantic import SecretStr
 
-from streams.lag import worker_status
+from streams.observe.lag import worker_status
 from streams.settings import Settings
 
 __all__ = ["add_operational_pages", "browser_cookie", "unauthorized", "unauthorized_browser"]

@@ -6,7 +6,7 @@ Event, a queue, the stream's iteration. Measured here, an agent that does
 nothing gets 7,000-9,000 records/s that way, while the same consumer yields
 90,000-107,000 records/s when its records are taken as it fetches them
 (``scripts/bench.py``: the a' and a'' floors). A ``BatchSource`` takes its topic's
-records there (``streams.faust_patches.divert``) and hands them out in
+records there (``streams.divert.divert``) and hands them out in
 batches of whatever has arrived.
 
 Everything else stays Faust's: group membership and assignment, table
@@ -31,8 +31,9 @@ import faust
 from faust.transport.consumer import Consumer
 from faust.types import TP, Message
 
-from streams import faust_patches, metrics
-from streams.lag import consumption_starts, tables_recovered
+from streams._faust import divert
+from streams.observe import metrics
+from streams.observe.lag import consumption_starts, tables_recovered
 
 __all__ = ["BatchSource"]
 
@@ -55,7 +56,7 @@ class BatchSource:
         self._ends_before: dict[int, int] = {}  # partition -> its log end at caught_up's last call
         app.topics.add(topic)  # Faust subscribes to it (and assigns it) as for an agent
         app.flow_control.manage_queue(self)  # type: ignore[arg-type]  # cleared on revocation
-        faust_patches.divert(topic.get_topic_name(), self._take)
+        divert.divert(topic.get_topic_name(), self._take)
         self._acknowledged = metrics.RECORDS_ACKNOWLEDGED.labels(topic.get_topic_name())
 
     def _take(self, consumer: Consumer, _: TP, message: Message) -> None:

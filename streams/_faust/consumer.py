@@ -17,10 +17,13 @@ the worker dropped from its group. Nothing in these workers blocks the loop;
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer
+from faust.types import TP
 
-__all__ = ["MainLoopConsumer"]
+__all__ = ["MainLoopConsumer", "committed_offset"]
 
 
 class _MainLoopConsumerThread(AIOKafkaConsumerThread):
@@ -53,3 +56,15 @@ class MainLoopConsumer(Consumer):
         return _MainLoopConsumerThread(
             self, loop=self.loop, thread_loop=self.loop, beacon=self.beacon
         )
+
+
+def committed_offset(app: faust.App, tp: TP) -> int | None:
+    """The group's committed offset for ``tp`` as this worker's consumer knows it.
+
+    Faust keeps it in ``Consumer._committed_offset``: loaded from the broker when
+    the partition is assigned, updated by each commit, dropped on revocation.
+    It stores a committed 0 as ``None``, like "nothing committed yet".
+    """
+    offsets: Any = getattr(app.consumer, "_committed_offset", {})
+    value = offsets.get(tp)  # .get: the mapping is a defaultdict, don't grow it
+    return int(value) if value is not None else None

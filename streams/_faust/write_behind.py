@@ -9,15 +9,9 @@ round trip per batch. Here the agent goes on with the next batch at once:
 
 - reads see the newest value (an overlay holds writes not yet applied);
 - each sealed unit (messages, table writes, input records to acknowledge) is
-  completed in order, in two pipelined stages: when the broker has acknowledged
-  its messages, its table writes are sent to the changelog; when the broker has
-  those too, the store holds them (``streams.changelog``) and its input records
-  are acknowledged (so the commit never passes them first).
-
-Table writes go straight to the changelog (``streams.changelog``).
-
-A crash anywhere replays the unacknowledged input against the last applied
-table state, which re-emits the same sequence numbers; consumers skip them.
+  completed in order, through the commit protocol's steps (``streams._faust.commit``)
+  in two pipelined stages: steps 1-2 (its messages acknowledged, its table writes
+  logged) and steps 3-4 (its changelog records acknowledged, its input acknowledged).
 """
 
 from __future__ import annotations
@@ -30,9 +24,10 @@ from typing import Any
 
 from faust.types import TableT
 
-from streams import changelog
+from streams._faust import changelog, stores
+from streams._faust.changelog import Written
+from streams._faust.commit import Rank, log_writes, outputs_acknowledged, session_rank
 from streams.app import ContextApp
-from streams.changelog import Written
 
 __all__ = ["WriteBehind"]
 
@@ -63,7 +58,7 @@ class WriteBehind:
         *,
         max_units: int = 32,
         on_error: Callable[[str, BaseException], Awaitable[None]],
-        order_of: Callable[[str, bytes | None], int] = lambda key, value: 0,
+        order_of: Rank = session_rank,
     ) -> None:
         self._app = app
         self._on_error = on_error
@@ -79,7 +74,7 @@ class WriteBehind:
         hit = self._overlay.get((id(table), key))
         if hit is not None:
             return hit[0]
-        return changelog.read(table, key)
+        return stores.read(table, key)
 
     def pending(self, table: TableT[str, bytes]) -> Iterator[tuple[str, bool]]:
         """``table``'s writes not applied yet: (key, whether it exists afterwards)."""
@@ -135,48 +130,14 @@ class WriteBehind:
                 queue.task_done()
 
     async def _record(self, unit: _Unit) -> None:
-        """Stage 1: the unit's messages are in; log its table writes."""
-        for ack in dict.fromkeys(unit.acks):  # records appended in a round share one
-            await ack
-        for table, key, value, _ in self._ordered(unit.writes):
-            unit.changelog.append((table, changelog.write(self._app, table, key, value)))
+        """Steps 1 and 2 of the commit protocol (``streams._faust.commit``)."""
+        await outputs_acknowledged(unit.acks)
+        unit.changelog = log_writes(self._app, unit.writes, self._order_of)
         await self._recorded.put(unit)
 
-    def _ordered(self, writes: list[_Write]) -> list[_Write]:
-        """The unit's writes sorted by ``order_of`` (stable: write order within a rank).
-
-        Fix (found by tests/test_pipeline.py, a kill -9 with RocksDB): a unit's
-        writes are not atomic. A session entry written without its new batch, or
-        batches deleted before the session entry that stops referring to them,
-        left a state that the replay could not apply ("pending batch 0 is
-        missing"). The owner ranks writes so that any prefix of them is
-        consistent (new entries, then what refers to them, then deletions of
-        what nothing refers to), and keeps the keys that refer to each other on
-        one changelog partition (a session-keyed table): there the producer
-        keeps records in order (one batch in flight per partition) and the
-        local store applies them in order, so a crash loses only a suffix and
-        no write has to wait for another's acknowledgement. (A first version
-        kept two tables and waited for each rank's acknowledgements: up to three
-        round trips per unit, which cost a third of the throughput.) If a key's
-        later write would move before an earlier one (a deletion, then a new
-        value), the unit is written in its own order instead.
-        """
-        by_rank: dict[int, list[_Write]] = {}  # ranks are few: buckets, not a sort
-        last_rank: dict[tuple[int, str], int] = {}
-        for write in writes:
-            table, key, value, _ = write
-            rank = self._order_of(key, value)
-            if last_rank.setdefault((id(table), key), rank) > rank:
-                return writes  # reordering would swap this key's writes
-            last_rank[(id(table), key)] = rank
-            by_rank.setdefault(rank, []).append(write)
-        if len(by_rank) == 1:
-            return writes
-        return [write for rank in sorted(by_rank) for write in by_rank[rank]]
-
     async def _acknowledge(self, unit: _Unit) -> None:
-        """Stage 2: the unit's changelog records are in (and so in the store);
-        acknowledge its input."""
+        """Steps 3 and 4: the changelog records are in (and so in the store); the overlay
+        lets go of what the table now holds, and the unit's input is acknowledged."""
         await changelog.confirm(unit.changelog)
         for table, key, _, version in unit.writes:
             slot = (id(table), key)

@@ -1,0 +1,71 @@
+"""The accumulator's ``BatchStore`` over the sessions table, and its message-size guard."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from faust.types import TableT
+
+from agents.accumulate.state import Emission
+from streams._faust.write_behind import WriteBehind
+from streams.tables import batch_key
+from streams.topics import MESSAGE_MAX_BYTES
+
+__all__ = ["TableBatches", "oversized"]
+
+
+def oversized(state: bytes, out: list[Emission]) -> str | None:
+    """Why this payload cannot be applied within the broker's message limit, if it cannot.
+
+    The state must stay under half the limit: a debounce flush or an idle close
+    later emits what it holds as one operation of up to about twice its size.
+    """
+    biggest = max((len(e.value) for e in out), default=0)
+    if biggest > MESSAGE_MAX_BYTES:
+        return (
+            f"payload too large: its {biggest}-byte operation exceeds the "
+            f"{MESSAGE_MAX_BYTES}-byte message limit"
+        )
+    if len(state) > MESSAGE_MAX_BYTES // 2:
+        return (
+            f"payload too large: the session's pending state would be {len(state)} bytes, "
+            f"over {MESSAGE_MAX_BYTES // 2} (half the message limit)"
+        )
+    return None
+
+
+class TableBatches:
+    """The ``BatchStore`` of the session transitions, over the sessions table.
+
+    Changes are staged until ``commit``: a payload that is dead-lettered after
+    its transition ran must leave the store as it was (``discard``).
+    """
+
+    def __init__(self, table: TableT[str, bytes], writes: WriteBehind) -> None:
+        self._table, self._writes = table, writes
+        self._staged: dict[str, bytes | None] = {}  # None: taken (delete on commit)
+
+    def put(self, session_id: str, index: int, body: bytes) -> None:
+        self._staged[batch_key(session_id, index)] = body
+
+    def take(self, session_id: str, first: int, end: int) -> list[bytes]:
+        bodies = []
+        for index in range(first, end):
+            key = batch_key(session_id, index)
+            if self._staged.get(key) is not None:
+                bodies.append(cast(bytes, self._staged.pop(key)))  # put by this change
+                continue
+            body = self._writes.get(self._table, key)
+            if body is None:  # a bug, not bad input: the state and the store disagree
+                raise RuntimeError(f"session {session_id}: pending batch {index} is missing")
+            bodies.append(body)
+            self._staged[key] = None
+        return bodies
+
+    def commit(self) -> None:
+        for key, body in self._staged.items():
+            self._writes.set(self._table, key, body)
+        self._staged.clear()
+
+    def discard(self) -> None:
+        self._staged.clear()

@@ -1,0 +1,253 @@
+"""The accumulate stage: ``actions`` -> per-session tables -> ``context`` + ``summarize``.
+
+Effectively-once: what a payload produces is acknowledged by the broker *before*
+the session's table entries (with the payload's offset) are written, and those
+before the payload is acknowledged (the commit protocol, ``streams._faust.commit``,
+pipelined by ``WriteBehind``: the agent goes on with the next batch). A crash in
+between replays the payload with the old state, which re-emits the same sequence
+numbers; every downstream stage skips what it already applied.
+
+One table, keyed by session: a small entry per session under its id, and
+each un-summarised batch once under ``batch_key(session, index)``, so the
+changelog grows by O(1) per action, and all of a session's records are on one
+changelog partition in the order they were written (the crash-safe order relies
+on that).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+import orjson
+from faust.types import Message
+
+from agents.accumulate.batches import TableBatches, oversized
+from agents.accumulate.state import (
+    Emission,
+    Limits,
+    SessionState,
+    already_applied,
+    apply_payload,
+    close_idle,
+    debounce_due,
+    flush_debounce,
+)
+from agents.pii import build_pii_filter
+from schemas import ActionsPayload, EraseRequest, InvalidMessage, SessionErased, decode
+from streams._faust.batch_source import BatchSource
+from streams._faust.write_behind import WriteBehind
+from streams.app import ContextApp
+from streams.dead_letters import DeadLetterWriter
+from streams.observe import metrics
+from streams.tables import (
+    OwnedKeyCount,
+    ScanPacer,
+    owned_partitions,
+    session_items,
+    session_keyed_table,
+)
+from streams.topics import MESSAGE_MAX_BYTES, Topics
+
+__all__ = ["BATCH_MAX", "Accumulator"]
+
+log = logging.getLogger(__name__)
+
+BATCH_MAX = 500
+
+
+class Accumulator:
+    """The agent and its timers over one sessions table; ``register`` wires them."""
+
+    def __init__(self, app: ContextApp, topics: Topics) -> None:
+        settings = self.settings = app.settings
+        self.app, self.topics = app, topics
+        pii = build_pii_filter(settings)
+        self.limits = Limits(
+            threshold=settings.threshold,
+            max_actions_per_batch=settings.max_actions_per_batch,
+            debounce_ms=settings.debounce_ms,
+            debounce_max_ms=settings.debounce_max_ms,
+            max_pending_bytes=MESSAGE_MAX_BYTES // 2,
+            ledger=settings.ledger_limits(),
+            pii=pii if pii is not None and pii.destinations else None,
+        )
+        self.sessions = sessions = session_keyed_table(app, "sessions")
+        # Crash-safe order (streams._faust.commit.session_rank): batches, session entry, deletions.
+        self.writes = writes = WriteBehind(app, on_error=app.crash_on_lane_error)
+        self.store = TableBatches(sessions, writes)
+        # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).
+        self.active = OwnedKeyCount(app, sessions, topics.actions, lambda: writes.pending(sessions))
+        metrics.ACTIVE_SESSIONS.set_function(self.active)
+        self.dead_letters = DeadLetterWriter(topics.dead_letters, stage="accumulate")
+        self.out_topics = {
+            "context": topics.context.get_topic_name(),
+            "summarize": topics.summarize.get_topic_name(),
+        }
+        # The agent and the timers both read-modify-write session entries and emit
+        # in between; one lock keeps a session's emissions and updates in order.
+        self.state_lock = asyncio.Lock()
+        self.debouncing: set[str] = set()
+        self.source = BatchSource(app, topics.actions, max_buffered=settings.batch_buffer)
+        self.pacer = ScanPacer("accumulate.expire_idle")
+
+    def load(self, session_id: str) -> SessionState | None:
+        raw = self.writes.get(self.sessions, session_id)
+        return None if raw is None else SessionState.from_bytes(raw)
+
+    def save(self, session_id: str, raw: bytes | None, *, existed: bool = True) -> None:
+        self.writes.set(self.sessions, session_id, raw)
+        if existed != (raw is not None):
+            self.active.changed(session_id, 1 if raw is not None else -1)
+
+    async def emit(self, emissions: Iterable[tuple[str, Emission]]) -> None:
+        """Produce in order; ``writes.seal()`` makes the table writes wait for the acks."""
+        for sid, e in emissions:
+            await self.writes.send(self.out_topics[e.topic], sid, e.value)
+
+    async def run(self) -> None:
+        """The agent: batches of the actions topic, applied under the state lock."""
+        async for batch in self.source.batches(BATCH_MAX):
+            try:
+                async with self.state_lock:
+                    await self.apply_messages(batch)
+            except Exception as exc:  # a bug: stop rather than skip (nothing here is acked)
+                first = batch[0]
+                await self.app.crash_on_lane_error(f"(batch from {first.tp}@{first.offset})", exc)
+
+    async def apply_messages(self, messages: list[Message]) -> None:
+        writes, source, store, limits = self.writes, self.source, self.store, self.limits
+        dead_letters, load = self.dead_letters, self.load
+        emissions: list[tuple[str, Emission]] = []
+        now = time.time()
+        for message in messages:
+            writes.track(source, message)
+            if b'"erase"' in (message.value or b"") and (erase := _erase_request(message)):
+                emissions.extend(self.forget(erase, now))
+                continue
+            try:
+                payload = decode(ActionsPayload, message.value)
+            except InvalidMessage as exc:
+                await dead_letters.write(message, exc.reason)
+                continue
+            sid = payload.session_id
+            state = load(sid)
+            is_new = state is None
+            if already_applied(state, message.offset):
+                metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
+                continue
+            state, out = apply_payload(
+                state,
+                payload,
+                message.offset,
+                limits,
+                now,
+                store=store,
+                ingested_at=message.timestamp,
+            )
+            raw = state.to_bytes()
+            if too_large := oversized(raw, out):
+                # An operation or state entry over the broker's limit made the send raise
+                # (tests/test_reliability.py): dead-lettered, nothing of it stored.
+                store.discard()
+                await dead_letters.write(message, too_large)
+                continue
+            store.commit()
+            self.save(sid, raw, existed=not is_new)
+            emissions.extend((sid, e) for e in out)
+            metrics.ACTIONS_IN.inc(len(payload.actions))
+            if state.debounce:
+                self.debouncing.add(sid)
+        await self.emit(emissions)
+        await writes.seal()
+
+    def forget(self, erase: EraseRequest, now: float) -> list[tuple[str, Emission]]:
+        """Erase a session here: its state and pending batches; tell the later stages."""
+        sid = erase.session_id
+        state = self.load(sid)
+        if state is not None:
+            self.store.take(sid, state.first_batch, state.next_batch)  # tombstones on commit
+            self.store.commit()
+            self.save(sid, None)
+            self.debouncing.discard(sid)
+        log.warning(
+            "erased session %s as requested at %s (%s): accumulator state %s",
+            sid,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(erase.requested_at or now)),
+            erase.reason or "no reason given",
+            "deleted" if state is not None else "already gone",
+        )
+        value = (
+            SessionErased(
+                session_id=sid, requested_at=erase.requested_at, reason=erase.reason, emitted_at=now
+            )
+            .model_dump_json()
+            .encode()
+        )
+        return [(sid, Emission("summarize", value)), (sid, Emission("context", value))]
+
+    async def close_session(self, sid: str, state: SessionState, now: float) -> None:
+        await self.emit((sid, e) for e in close_idle(state, sid, self.limits, now, self.store))
+        self.store.commit()
+        self.save(sid, None)
+        await self.writes.seal()
+        self.debouncing.discard(sid)
+        metrics.SESSIONS_EXPIRED.inc()
+        log.info("session %s idle for %.0fs: closed and expired", sid, now - state.last_seen)
+
+    async def expire_idle_sessions(self) -> None:
+        """Timer: close the sessions idle for ``AC_IDLE_TIMEOUT_S`` (paced scans)."""
+        if not self.pacer.due():
+            return
+        timeout = self.settings.idle_timeout_s
+        now = time.time()
+        idle = []
+        # Outside the pacer's clock: the log-end lookup waits on the broker, and on a busy
+        # loop that wait put the next scan 9x as far off (tests/test_fidelity.py, "gap-long").
+        readable = await self.source.caught_up()
+        with self.pacer.scanning():
+            async for sid, raw in session_items(self.sessions, readable):
+                state = SessionState.from_bytes(raw)
+                if now - state.last_seen >= timeout:
+                    idle.append(sid)
+                elif state.debounce:
+                    self.debouncing.add(sid)  # e.g. restored from the changelog after a restart
+        for sid in idle:
+            async with self.state_lock:
+                if self.sessions.partition_for_key(sid) not in owned_partitions(
+                    self.app, self.topics.actions
+                ):
+                    continue  # revoked while the scan ran: its new owner closes it
+                current = self.load(sid)  # it may have moved on while we waited for the lock
+                if current is not None and now - current.last_seen >= timeout:
+                    await self.close_session(sid, current, now)
+
+    async def flush_debounced(self) -> None:
+        """Timer (``AC_DEBOUNCE_MS`` > 0): emit the debounced batches that are due."""
+        now = time.time()
+        owned = owned_partitions(self.app, self.topics.actions)
+        for sid in list(self.debouncing):
+            async with self.state_lock:
+                state = self.load(sid) if self.sessions.partition_for_key(sid) in owned else None
+                if state is None or not state.debounce:
+                    self.debouncing.discard(sid)
+                    continue
+                if debounce_due(state, self.limits, now):
+                    flushed = flush_debounce(state, self.limits, now, self.store)
+                    await self.emit((sid, e) for e in flushed)
+                    self.store.commit()
+                    self.save(sid, state.to_bytes())
+                    await self.writes.seal()
+                    self.debouncing.discard(sid)
+
+
+def _erase_request(message: Message) -> EraseRequest | None:
+    try:
+        data = orjson.loads(message.value or b"")
+    except orjson.JSONDecodeError:
+        return None  # decode() says why, below
+    if not isinstance(data, dict) or data.get("type") != "erase":
+        return None  # an actions payload that merely contains the word
+    return EraseRequest.model_validate(data)

@@ -1,0 +1,226 @@
+"""The summarize stage: ``summarize`` requests -> rolling summaries -> ``context``.
+
+Per session one LLM call at a time, in order; across sessions concurrently
+(:class:`streams.lanes.Lanes`). A request is acknowledged only after the summary
+it produced and its table entry are durable (the commit protocol,
+``streams._faust.commit``), and Faust commits only the contiguous acknowledged
+prefix, so a crash re-runs unfinished requests; the table's high-water mark skips
+those already done.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+from faust.types import Message
+
+from agents.summarize.state import (
+    CARRY_MAX_BYTES,
+    SummaryState,
+    conversation_id,
+    decode_request,
+    fold_large_carry,
+    offline_fold,
+)
+from agents.summarizer import Accounting, LLMError, Summarizer, llm_session, usage_of
+from schemas import ActionsPayload, SessionErased, SummarizeRequest, SummaryReady, encode
+from streams._faust import changelog, stores
+from streams._faust.batch_source import BatchSource
+from streams._faust.commit import Write, commit
+from streams.app import ContextApp
+from streams.dead_letters import DeadLetterWriter, from_message
+from streams.lanes import InOrderAcks, Lanes, feed_lanes
+from streams.observe import metrics
+from streams.tables import session_items, session_table
+from streams.topics import Topics
+
+__all__ = ["SummarizeStage"]
+
+log = logging.getLogger(__name__)
+
+LaneItem = tuple[Any, SummarizeRequest | SessionErased]  # (an InOrderAcks ticket, request)
+
+
+class SummarizeStage:
+    """The summaries table, the LLM and the lanes of one worker; ``register`` wires them."""
+
+    def __init__(self, app: ContextApp, topics: Topics, summarizer: Summarizer) -> None:
+        settings = self.settings = app.settings
+        self.app, self.summarizer = app, summarizer
+        self.table = session_table(app, "summaries")
+        self.accounting = Accounting(
+            settings.llm_prices, settings.llm_daily_token_budget, settings.llm_product_budgets
+        )
+        self.dead_letters = DeadLetterWriter(topics.dead_letters, stage="summarize")
+        self.context_topic = topics.context.get_topic_name()
+        self.lanes: Lanes[LaneItem] = Lanes(
+            self.handle,
+            max_pending=settings.max_in_flight_requests,
+            on_error=app.crash_on_lane_error,
+        )
+        app.manage_lanes(self.lanes, "summarize")
+        # Lanes finish out of order; Faust must see acks in offset order (see InOrderAcks).
+        self.acks = InOrderAcks()
+        self.source = BatchSource(app, topics.summarize, max_buffered=settings.batch_buffer)
+
+    async def run(self) -> None:
+        """The agent: requests into per-session lanes."""
+        await feed_lanes(
+            self.source, self.lanes, self.acks, decode_request, self.dead_letters.write
+        )
+
+    def load(self, session_id: str, generation: int) -> SummaryState | None:
+        """The state for this generation; ``None`` if the request is from an older one."""
+        raw = stores.read(self.table, session_id)
+        state = SummaryState.from_bytes(raw) if raw is not None else None
+        if state is None or state.generation < generation:
+            return SummaryState(generation=generation)
+        return state if state.generation == generation else None
+
+    def check_chain(self, request: SummarizeRequest, state: SummaryState) -> None:
+        """Each request starts right after the previous one of its generation, so each
+        summary is prompted with its predecessor (or the carried actions)."""
+        if request.seq_from == state.requested_to + 1:
+            return
+        metrics.SUMMARY_CHAIN_BREAKS.inc()
+        log.warning(
+            "session %s (generation %d): summary chain break: request for actions %d-%d, "
+            "but the last one taken ended at %d; this summary starts without its predecessor",
+            request.session_id,
+            request.generation,
+            request.seq_from,
+            request.seq_to,
+            state.requested_to,
+        )
+
+    async def emit_summary(
+        self, request: SummarizeRequest, state: SummaryState, text: str, took_s: float
+    ) -> Awaitable[Any]:
+        """Produce the summary; the result resolves when the broker has it."""
+        usage = self.accounting.record(request.product_id, usage_of(text))
+        payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
+        op = SummaryReady(
+            session_id=request.session_id,
+            product_id=request.product_id,
+            conversation_id=conversation_id(payloads),
+            generation=request.generation,
+            seq_from=1,
+            seq_to=request.seq_to,
+            window_from=state.carry_from or request.seq_from,
+            summary=text,
+            final=request.final,
+            emitted_at=time.time(),
+            ledger=request.ledger,
+            usage=usage,
+            summarized_in_s=round(took_s, 3),
+        )
+        return await self.app.append(self.context_topic, request.session_id.encode(), encode(op))
+
+    async def give_up(
+        self, message: Message, request: SummarizeRequest, state: SummaryState, error: LLMError
+    ) -> None:
+        """Keep the raw context, record the failure, and carry the actions forward."""
+        await self.dead_letters.write_letter(
+            from_message(
+                message,
+                f"summarize failed after the retry budget: {error}",
+                "summarize",
+                key=request.session_id,
+            )
+        )
+        if state.carry_from is None:
+            state.carry_from = request.seq_from
+        state.carry.extend(b.model_dump(mode="json") for b in request.batches)
+        metrics.SUMMARIES.labels("failed").inc()
+        if fold_large_carry(state, self.settings.summary_max_chars, total=request.seq_to):
+            log.warning(
+                "session %s: actions carried since %s passed %d bytes; folded into the "
+                "summary by the offline summarizer",
+                request.session_id,
+                state.carry_from,
+                CARRY_MAX_BYTES,
+            )
+
+    async def summarise(
+        self, message: Message, request: SummarizeRequest, state: SummaryState
+    ) -> str | None:
+        """The next summary of the session, or None when there is none to emit.
+
+        A final request whose LLM call fails is summarised offline instead, so every
+        generation ends with a summary that covers all of it (its raw notes go).
+        """
+        max_chars = self.settings.summary_max_chars
+        payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
+        if not payloads:  # a close right after a summary: that summary becomes the final
+            return state.summary
+        if self.accounting.over_budget(request.product_id):  # logged once a day per product
+            return offline_fold(state.summary, payloads, request.seq_to, max_chars)
+        self.lanes.mark(request.session_id, "summarizing (LLM)")
+        llm_session.set(request.session_id)  # for the LLM's failure log lines
+        try:
+            return await self.summarizer.summarize(state.summary, payloads, total=request.seq_to)
+        except LLMError as exc:
+            if not request.final:
+                self.lanes.mark(request.session_id, "recording a failed summary")
+                await self.give_up(message, request, state, exc)
+                return None
+            log.warning(
+                "session %s: final summary of actions %d-%d failed in the LLM (%s); "
+                "summarised offline so the session closes with its whole history",
+                request.session_id,
+                state.carry_from or request.seq_from,
+                request.seq_to,
+                exc,
+            )
+            metrics.SUMMARIES.labels("offline_fallback").inc()
+            return offline_fold(state.summary, payloads, request.seq_to, max_chars)
+
+    async def handle(self, session_id: str, item: LaneItem) -> None:
+        ticket, request = item
+        acks, table = self.acks, self.table
+        if isinstance(request, SessionErased):  # the summary state goes, whatever it held
+            await commit(self.app, lambda: acks.done(ticket), writes=[(table, session_id, None)])
+            return
+        state = self.load(session_id, request.generation)
+        if state is None or state.replayed(request):
+            metrics.REPLAYS_SKIPPED.labels("summarize").inc()
+            await acks.done(ticket)
+            return
+        self.check_chain(request, state)
+        started = time.monotonic()
+        text = await self.summarise(ticket.message, request, state)
+        outputs = []
+        if text is not None:
+            self.lanes.mark(session_id, "emitting its summary")
+            outputs.append(
+                await self.emit_summary(request, state, text, time.monotonic() - started)
+            )
+            state.summary, state.covered_to = str(text), request.seq_to
+            state.carry, state.carry_from = [], None
+            metrics.SUMMARIES.labels("final" if request.final else "rolling").inc()
+        state.requested_to = max(state.requested_to, request.seq_to)
+        state.updated_at = time.time()
+        if request.final:  # the generation is over: only a small closed record stays
+            state = state.closed_record(state.updated_at)
+        self.lanes.mark(session_id, "waiting for its summary and changelog record")
+        # Only then, and in offset order, may Faust commit past the request.
+        writes: list[Write] = [(table, session_id, state.to_bytes())]
+        await commit(self.app, lambda: acks.done(ticket), outputs=outputs, writes=writes)
+
+    async def forget_closed(self) -> None:
+        """Timer: closed records go, and only on partitions read to their end: no
+        replay of their final request can still come (tests/test_fidelity.py)."""
+        horizon = time.time() - self.settings.idle_timeout_s
+
+        def expired(raw: bytes | None) -> bool:
+            state = None if raw is None else SummaryState.from_bytes(raw)
+            return state is not None and state.closed and state.updated_at < horizon
+
+        current = await self.source.caught_up()
+        candidates = [sid async for sid, raw in session_items(self.table, current) if expired(raw)]
+        for sid in candidates:
+            if expired(self.table.get(sid)):  # checked again: a request may have come since
+                changelog.write(self.app, self.table, sid, None)

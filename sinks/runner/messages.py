@@ -1,0 +1,77 @@
+"""What a sink worker reads (operations, links, re-driven dead letters) and the pull view."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from schemas import InvalidMessage, SessionErased, SessionLink, context_message_adapter, decode
+from sinks.base import Operation
+from sinks.context import SessionContext
+
+__all__ = ["LaneItem", "Redriven", "decode_operation", "decode_redriven", "pull_view"]
+
+
+@dataclass(frozen=True)
+class Redriven:
+    """A dead letter of this sink sent back (the original operation or link)."""
+
+    item: Operation | SessionErased | SessionLink
+
+    @property
+    def session_id(self) -> str:
+        return self.item.session_id
+
+
+# (an ``InOrderAcks`` ticket for the event, the decoded message)
+LaneItem = tuple[Any, "Operation | SessionErased | SessionLink | Redriven"]
+
+
+def decode_redriven(raw: bytes | None) -> Redriven:
+    """A context operation, or a link: what this sink's dead letters hold."""
+    try:
+        return Redriven(decode_operation(raw))
+    except InvalidMessage:
+        return Redriven(decode(SessionLink, raw))
+
+
+def decode_operation(raw: bytes | None) -> Operation | SessionErased:
+    if raw is None:
+        raise InvalidMessage("empty message (no value)")
+    try:
+        # orjson then validation: 17% less CPU than pydantic's own JSON parsing
+        # (``validate_json``), which was an eighth of a sink's CPU at 5,000 actions/s.
+        return context_message_adapter.validate_python(orjson.loads(raw))
+    except ValueError as exc:  # orjson.JSONDecodeError and ValidationError both are
+        raise InvalidMessage(f"invalid context operation: {exc}") from None
+
+
+def pull_view(context: SessionContext) -> dict[str, Any]:
+    """What ``GET /sessions/{id}/context`` answers: the context an agent reads, as text
+    and as structured JSON (the summary, its facts, the raw batches after it)."""
+    previous = context.previous
+    return {
+        "session_id": context.session_id,
+        "generation": context.generation,
+        "summary": context.summary,
+        "summary_covers": [1, context.summary_to] if context.summary else None,
+        "summaries": context.summaries,
+        "actions_applied": context.actions_to,
+        "closed": context.closed,
+        "ledger": context.ledger.model_dump() if context.ledger else None,
+        "actions": [b.model_dump() for b in context.batches],
+        "previous": None
+        if previous is None
+        else {
+            "generation": previous.generation,
+            "summary": previous.summary,
+            "summary_covers": [1, previous.summary_to] if previous.summary else None,
+            "actions_applied": previous.actions_to,
+            "closed": previous.closed,
+            "ledger": previous.ledger.model_dump() if previous.ledger else None,
+            "actions": [b.model_dump() for b in previous.batches],
+        },
+        "text": context.render(),
+    }

@@ -1,0 +1,278 @@
+"""One sink as its own Faust agent over ``context``: the stage and its delivery.
+
+Per session, operations are applied strictly in order (one lane per session);
+sessions proceed concurrently. Each operation is retried until the destination
+takes it (a refused one is dead-lettered), and the session's context, with the
+high-water marks that make redeliveries no-ops, is committed with the event
+(``streams._faust.commit``: the destination has it, the context is durable, then
+the event is acknowledged).
+
+Dead letters of this sink come back on its own re-drive topic
+(``redrive.sink-<name>``, fed by ``agent-context dead-letters redrive``), into
+the same lanes: a refused operation is applied again once, other sinks never
+see it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from faust.types import Message
+from faust.web import Request, Response, View
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_not_exception_type,
+    wait_exponential_jitter,
+)
+
+from schemas import ActionsWritten, SessionErased, SessionLink, decode
+from sinks.base import (
+    ContextSink,
+    LinkAwareSink,
+    Operation,
+    PermanentSinkError,
+    erase_at_destination,
+    start_sink,
+    stop_sink,
+)
+from sinks.context import REFUSED_KEPT, SessionContext, Skip, refused_key
+from sinks.context_store import ContextStore
+from sinks.runner.messages import (
+    LaneItem,
+    Redriven,
+    decode_operation,
+    decode_redriven,
+    pull_view,
+)
+from streams._faust.batch_source import BatchSource
+from streams._faust.commit import Write, commit
+from streams.app import ContextApp
+from streams.dead_letters import DeadLetterWriter
+from streams.lanes import InOrderAcks, Lanes, feed_lanes
+from streams.observe import metrics
+from streams.observe.web import unauthorized
+from streams.tables import session_keyed_table
+from streams.topics import Topics, declare_topic, redrive_topic
+
+__all__ = ["SinkStage"]
+
+log = logging.getLogger(__name__)
+
+FIRST_RETRY_DELAY_S = 0.2
+RETRY_MAX_WAIT_S = 30.0
+
+
+class SinkStage:
+    """A sink's table, lanes and sources on one worker; ``register`` wires them."""
+
+    def __init__(self, app: ContextApp, topics: Topics, sink: ContextSink) -> None:
+        settings = self.settings = app.settings
+        self.app, self.sink = app, sink
+        # Headers and batches of a session on one changelog partition: see ContextStore.save.
+        self.contexts = session_keyed_table(app, "contexts")
+        self.dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
+        self.store = ContextStore(app, self.contexts)
+        # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).
+        self.end_to_end = metrics.END_TO_END.labels(sink.name)
+        self.action_age = metrics.ACTION_AGE_AT_SINK.labels(sink.name)
+        self.event_age = metrics.ACTION_EVENT_AGE_AT_SINK.labels(sink.name)
+        self.operations_counted: dict[tuple[str, str], Any] = {}
+        self.acks = InOrderAcks()  # lanes finish out of order; Faust must see acks in order
+        self.lanes: Lanes[LaneItem] = Lanes(
+            self.handle,
+            max_pending=settings.max_in_flight_requests,
+            on_error=app.crash_on_lane_error,
+        )
+        app.manage_lanes(self.lanes, f"sink-{sink.name}")
+        buffered = settings.batch_buffer
+        self.operations = BatchSource(app, topics.context, max_buffered=buffered)
+        # Only a sink that takes links reads them (a source consumes its topic).
+        self.links = (
+            BatchSource(app, topics.links, max_buffered=buffered)
+            if isinstance(sink, LinkAwareSink)
+            else None
+        )
+        redrive_name = redrive_topic(f"sink-{sink.name}")
+        app.own_topics.append(redrive_name)
+        redrive = declare_topic(app, settings, redrive_name)
+        self.redriven = BatchSource(app, redrive, max_buffered=buffered)
+        self.started = asyncio.Event()  # the sink's setup() ran: operations may flow
+
+    async def run_sink(self) -> None:
+        try:
+            await start_sink(self.sink)
+        except Exception as exc:  # a sink that cannot start must not consume
+            await self.app.crash_on_lane_error(f"(setup of sink {self.sink.name})", exc)
+        self.app.at_shutdown(lambda: stop_sink(self.sink))
+        self.started.set()
+        await self.feed(self.operations, decode_operation)
+
+    async def run_links(self) -> None:
+        await self.started.wait()
+        if self.links is not None:
+            await self.feed(self.links, lambda raw: decode(SessionLink, raw))
+
+    async def run_redriven(self) -> None:
+        await self.feed(self.redriven, decode_redriven)
+
+    async def feed(self, source: BatchSource, decoder: Callable[[bytes | None], Any]) -> None:
+        await feed_lanes(source, self.lanes, self.acks, decoder, self.dead_letters.write)
+
+    async def session_context(self, web: View, request: Request, session_id: str) -> Response:
+        """The pull view: like the SDK's ContextStore, without summarised actions twice."""
+        if (refused := unauthorized(web, request, self.settings.api_token)) is not None:
+            return refused
+        if self.contexts.get(session_id) is None:
+            return web.json({"error": f"no context for session {session_id!r}"}, status=404)
+        return web.json(pull_view(self.store.load(session_id)))
+
+    def count_operation(self, op: str, outcome: str) -> None:
+        if (counter := self.operations_counted.get((op, outcome))) is None:
+            counter = self.operations_counted[(op, outcome)] = metrics.SINK_OPERATIONS.labels(
+                self.sink.name, op, outcome
+            )
+        counter.inc()
+
+    def log_retry(self, state: RetryCallState) -> None:
+        metrics.SINK_RETRIES.labels(self.sink.name).inc()
+        error = state.outcome.exception() if state.outcome else None
+        log.warning(
+            "sink %s: attempt %d failed (%s: %s); retrying in %.1fs",
+            self.sink.name,
+            state.attempt_number,
+            type(error).__name__,
+            error,
+            state.next_action.sleep if state.next_action else 0.0,
+        )
+
+    async def deliver(self, call: Callable[[], Awaitable[None]]) -> None:
+        """Retry until the destination takes it; order is kept because the lane waits."""
+        try:
+            await call()  # the common case, without the retry machinery's cost per call
+            return
+        except PermanentSinkError:
+            raise
+        except Exception as exc:
+            log.warning("sink %s: %s: %s; retrying", self.sink.name, type(exc).__name__, exc)
+            metrics.SINK_RETRIES.labels(self.sink.name).inc()
+            await asyncio.sleep(FIRST_RETRY_DELAY_S)  # a backoff: the loop starts with an attempt
+        async for attempt in AsyncRetrying(
+            retry=retry_if_not_exception_type(PermanentSinkError),
+            wait=wait_exponential_jitter(initial=0.2, max=RETRY_MAX_WAIT_S),
+            before_sleep=self.log_retry,
+            reraise=True,
+        ):
+            with attempt:
+                await call()
+
+    async def handle(self, session_id: str, item: LaneItem) -> None:
+        tracked, decoded = item
+        redriven = isinstance(decoded, Redriven)
+        if isinstance(decoded, Redriven):
+            decoded = decoded.item
+        writes: list[Write]
+        if isinstance(decoded, SessionErased):
+            writes = await self.erase_session(session_id, tracked.message, decoded)
+        elif isinstance(decoded, SessionLink):
+            if isinstance(self.sink, LinkAwareSink):
+                writes = await self.apply_link(session_id, tracked.message, decoded)
+            else:
+                writes = []  # a link re-driven to a sink that takes none
+        else:
+            writes = await self.apply_operation(
+                session_id, tracked.message, decoded, redriven=redriven
+            )
+        self.lanes.mark(session_id, "waiting for its changelog records")
+        # Step 1 (the destination has it) is done; the context is made durable, and
+        # only then may Faust commit past this offset.
+        await commit(self.app, lambda: self.acks.done(tracked), writes=writes)
+
+    async def apply_operation(
+        self, session_id: str, message: Message, op: Operation, *, redriven: bool = False
+    ) -> list[Write]:
+        sink, store = self.sink, self.store
+        before = store.load(session_id)
+        try:
+            context = _for_redrive(before, op) if redriven else before.advanced(op)
+        except Skip:
+            metrics.REPLAYS_SKIPPED.labels(f"sink-{sink.name}").inc()
+            return []
+        outcome = "redriven" if redriven else "applied"
+        self.lanes.mark(session_id, f"delivering {op.op}")
+        try:
+            await self.deliver(lambda: sink.apply(op, context))
+        except PermanentSinkError as exc:
+            outcome = "refused"
+            await self.dead_letters.write(message, f"{sink.name} refused {op.op}: {exc}")
+            # Remembered, so that a re-drive applies it again past the high-water marks.
+            refused = [k for k in before.refused if k != refused_key(op)] + [refused_key(op)]
+            context.refused = refused[-REFUSED_KEPT:]
+        writes = store.save(before, context)
+        self.count_operation(op.op, outcome)
+        if redriven:
+            return writes
+        self.end_to_end.observe(max(time.time() - op.emitted_at, 0.0))
+        if outcome == "applied" and isinstance(op, ActionsWritten):
+            applied_at = time.time()
+            if op.ingested_at > 0:
+                self.action_age.observe(max(applied_at - op.ingested_at, 0.0))
+            acted_at = max((a.timestamp_end for a in op.payload.actions), default=0.0)
+            if acted_at > 0:  # 0: the client sent no timestamp
+                self.event_age.observe(max(applied_at - acted_at, 0.0))
+        return writes
+
+    async def apply_link(self, session_id: str, message: Message, link: SessionLink) -> list[Write]:
+        sink = self.sink
+        assert isinstance(sink, LinkAwareSink)
+        before = self.store.load(session_id)
+        context = before.model_copy(deep=True)  # the sink may change its ``extra``
+        self.lanes.mark(session_id, "delivering a link")
+        try:
+            await self.deliver(lambda: sink.link(session_id, link.conversation_id, context))
+        except PermanentSinkError as exc:
+            await self.dead_letters.write(message, f"{sink.name} refused link: {exc}")
+        return self.store.save(before, context)
+
+    async def erase_session(
+        self, session_id: str, message: Message, erased: SessionErased
+    ) -> list[Write]:
+        """Remove what this sink delivered for the session, then its context (the pull
+        view answers 404 after this); an audit line names what went, never its content."""
+        sink = self.sink
+        context = self.store.load(session_id)
+        self.lanes.mark(session_id, "erasing at the destination")
+        try:
+            await self.deliver(lambda: erase_at_destination(sink, context))
+        except PermanentSinkError as exc:
+            await self.dead_letters.write(message, f"{sink.name} refused to erase: {exc}")
+        log.warning(
+            "sink %s erased session %s (requested at %s, %s): %d actions, %d summaries",
+            sink.name,
+            session_id,
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(erased.requested_at or time.time())),
+            erased.reason or "no reason given",
+            context.actions_to,
+            context.summaries,
+        )
+        return self.store.erase(context)
+
+
+def _for_redrive(before: SessionContext, op: Operation) -> SessionContext:
+    """The context to apply a re-driven ``op`` with: the current one, the op no longer
+    listed as refused. Raises :class:`Skip` unless it was refused (a re-drive replayed
+    after it succeeded, or of an operation that was never refused)."""
+    key = refused_key(op)
+    if key not in before.refused:
+        raise Skip(f"{key} is not refused")
+    return before.model_copy(
+        update={
+            "refused": [k for k in before.refused if k != key],
+            "extra": copy.deepcopy(before.extra),  # the sink may change it
+        }
+    )

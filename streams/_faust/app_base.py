@@ -1,0 +1,69 @@
+"""``faust.App`` with the overrides of its private methods these workers need.
+
+``streams.app.ContextApp`` builds on it; what it changes in Faust stays here:
+the consumer on the worker's loop, the producer's aiokafka client, and a stop
+that does not wait for ever for messages in progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import faust
+from aiokafka import AIOKafkaProducer
+from faust.types import ConsumerT
+
+from streams._faust import divert
+from streams._faust.consumer import MainLoopConsumer
+
+__all__ = ["FaustApp"]
+
+divert.apply()  # Faust 0.15: no records lost or reordered around seeks (see the module)
+
+
+class FaustApp(faust.App):
+    """Subclasses say whether the consumer runs on the loop and how a stop gives up."""
+
+    def consumer_on_loop(self) -> bool:
+        """Serve Faust's consumer on this worker's event loop (``_faust.consumer``)."""
+        return True
+
+    def stop_grace_s(self) -> float | None:
+        """How long a stop waits for messages in progress; ``None``: as long as Faust does."""
+        return None
+
+    async def abandon_in_progress(self, waited_s: float) -> None:
+        """A stop's grace period ended with messages still in progress: cancel them."""
+
+    def aiokafka_producer(self) -> AIOKafkaProducer:
+        """The producer's aiokafka client, for paths that skip Faust's ``Producer.send``."""
+        return cast(AIOKafkaProducer, cast(Any, self.producer)._ensure_producer())
+
+    def _new_consumer(self) -> ConsumerT:
+        # The transport builds the consumer from its ``Consumer`` class.
+        if self.consumer_on_loop():
+            cast(Any, self.transport).Consumer = MainLoopConsumer
+        return super()._new_consumer()
+
+    async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
+        """Faust's wait for messages in progress, bounded by :meth:`stop_grace_s`.
+
+        On SIGTERM Faust waits until every message taken is acknowledged, so a sink
+        whose destination is down, retrying with backoff, never stopped. After the
+        grace period what is in progress is abandoned: not acknowledged, so not
+        committed, and redelivered (idempotently) after the restart. Rebalances keep
+        Faust's unbounded wait: a partition's work must end before another takes it.
+        """
+        grace = self.stop_grace_s()
+        if grace is None:
+            await super()._consumer_wait_empty(consumer, logger)
+            return
+        waiting = asyncio.ensure_future(super()._consumer_wait_empty(consumer, logger))
+        done, _ = await asyncio.wait({waiting}, timeout=grace)
+        if not done:
+            await self.abandon_in_progress(grace)
+            # Faust's wait swallows cancellation, so let it end instead: it stops
+            # waiting for what was abandoned and commits what was acknowledged.
+            consumer._unacked_messages.clear()
+        await waiting

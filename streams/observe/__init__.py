@@ -1,0 +1,1 @@
+"""Observability: Prometheus metrics, consumer lag, health, event-loop stalls and web pages."""
