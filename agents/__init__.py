@@ -1,0 +1,1 @@
+"""The pipeline worker (accumulate, summarize), the summarizer, ingest and the CLI."""

@@ -151,15 +151,8 @@ class _Ticket:
 class InOrderAcks:
     """Acknowledge each partition's events in offset order, whatever order lanes finish in.
 
-    Fix (found by tests/test_reliability.py, a summary stuck in the LLM while
-    later sessions' summaries completed, then a kill): Faust's commit does not
-    stop at the first unacknowledged offset. With nothing committed yet it
-    commits past any unacknowledged head, and with offset N committed-next
-    and N still in progress, acking N+1 commits past N (``Consumer._new_offset``
-    checks ``min(acked) - committed > 1``, an off-by-one). After a crash the
-    skipped event is never redelivered: a summary, or a sink operation, lost.
-    Holding back acks until every earlier offset of the partition is done keeps
-    Faust's acked list gap-free, so the commit never passes work in flight.
+    Faust's commit can pass an unacknowledged offset (docs/decisions.md); a gap-free
+    acked list keeps it behind work in flight (tests/test_reliability.py).
 
     ``track`` every message in the order its source yields it (offset order per
     partition), then call ``done`` when its work is finished (or skipped); the

@@ -106,11 +106,8 @@ def _rocksdb_options(app: ContextApp) -> dict[str, int]:
 def owned_partitions(app: faust.App, topic: faust.TopicT) -> set[int]:
     """The partitions of ``topic`` this worker is assigned now (empty while starting).
 
-    Fix (found by tests/test_reliability.py, idle expiry after a rebalance): a
-    table's in-memory store keeps the entries it wrote for partitions revoked
-    since (Faust drops only entries it restored from the changelog), so a timer
-    walking ``table.items()`` also sees sessions another worker owns now, with
-    stale state. Timers must skip keys whose ``partition_for_key`` is not here.
+    An in-memory store keeps entries of partitions revoked since, so timers skip
+    keys whose partition is not here (tests/test_reliability.py).
     """
     name = topic.get_topic_name()
     try:
@@ -155,8 +152,8 @@ class ScanPacer:
     """Keeps a timer's full-table scan to a share of the worker's time.
 
     A scan costs O(sessions): at a few hundred thousand idle sessions a scan
-    every few seconds took most of the CPU and the pipeline slowed to a crawl
-    (found by ``scripts/bench.py --mode memory``). After a scan that took ``t``,
+    every few seconds took most of the CPU (``scripts/bench.py --mode memory``).
+    After a scan that took ``t``,
     the next is skipped until ``t * (1 / share - 1)`` has passed, so with many
     sessions idle detection runs less often instead of starving the stream.
     """
@@ -191,7 +188,7 @@ class OwnedKeyCount:
 
     Counting at scrape time walked the whole table, and cached every key's
     partition: at 300k sessions a scrape took seconds of the event loop and the
-    cache ~400 bytes a session (found by ``scripts/bench.py --mode memory``).
+    cache ~400 bytes a session (``scripts/bench.py --mode memory``).
     Here the table's owner reports each key it creates or deletes
     (``changed``), and a partition is counted in full only once per assignment
     generation, when the gauge is first read after recovery. ``pending`` gives

@@ -10,16 +10,9 @@ The caller awaits the returned acknowledgement before it lets the input that
 caused the write be committed, then calls :func:`confirm` so that a RocksDB
 store notes what it holds (as Faust's changelog callback would).
 
-Fix (found by a clean-clone CI run of the RocksDB kill -9 test: "pending batch 0
-is missing" after the restart): the store used to take each value at once. A
-RocksDB store survives a crash, so it could hold writes whose changelog records
-never reached the broker, and recovery, which replays the changelog from the
-persisted offset, then set some keys back to older values while keeping the
-newer local-only values of others: a session entry from before a summary,
-beside the deletions of the batches it still listed. A store that only ever
-holds acknowledged records is a prefix of the changelog, which the replay makes
-whole again. Until then, readers see pending values through the writer's own
-overlay (``streams._faust.write_behind``) or by waiting for :func:`confirm`.
+A store that only holds acknowledged records is a prefix of the changelog, which
+recovery makes whole (tests/test_rocksdb_store.py; docs/decisions.md). Until then
+readers see pending values through ``streams._faust.write_behind``'s overlay.
 """
 
 from __future__ import annotations

@@ -24,15 +24,8 @@ def session_of(key: str) -> str:
 class RawTable(faust.Table):
     """A table whose changelog holds the raw key and value bytes.
 
-    Fix (found by tests/test_reliability.py): Faust derives a table's own
-    changelog serializers from ``key_type``/``value_type`` only and ignores a
-    ``schema=`` argument for writing, so these tables used to write the key as
-    JSON (``"sid"`` with quotes) and read the value back through JSON as a dict.
-    Two consequences: (1) every restart crashed the agents while recovering
-    (``SessionState.from_bytes(dict)``), and (2) the quoted key hashed to a
-    different partition than the session's raw key in the topics, so a worker
-    owning a session's partition did not recover that session's state. Raw
-    both ways keeps the key bytes identical to the topics' keys.
+    Faust ignores ``schema=`` when writing a changelog; raw both ways keeps a key's
+    bytes, and so its partition, those of the topics (tests/test_reliability.py).
     """
 
     def _serializer_from_type(self, typ: Any) -> str:
@@ -46,15 +39,9 @@ class RawTable(faust.Table):
     def partition_for_key(self, key: Any) -> int:
         """The key's partition, computed like Kafka's default partitioner (murmur2).
 
-        Fix (found by tests/test_reliability.py, a sink worker's first writes on a
-        fresh broker): with ``use_partitioner`` Faust asks the producer to pick the
-        partition, and the producer raises ``TypeError`` when it has no metadata
-        for the changelog topic yet (just created). The write failed, the lane
-        handling the session stopped with its event never acknowledged, commits
-        stopped for that partition, the context lost the operation, and the next
-        rebalance hung waiting for the unacknowledged events. Computing the
-        partition needs no metadata, and is by construction the session's
-        partition in every topic.
+        Needs no producer metadata (a just-created changelog has none, and Faust's
+        write then raised), and is the session's partition in every topic
+        (tests/test_reliability.py).
         """
         return partition_of(key, int(self.partitions or self.app.conf.topic_partitions))
 

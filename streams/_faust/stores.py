@@ -58,9 +58,8 @@ def put(store: Any, key: str, value: bytes | None, partition: int) -> None:
     elif value is None:
         store.pop(key, None)
     else:
-        # A compact copy: orjson 3.13's ``dumps`` result keeps its ~4 KiB initial
-        # buffer, so holding it in the in-memory store cost ~4 KiB per entry
-        # (found by scripts/bench.py --mode memory: 13 KiB of RSS per session).
+        # A compact copy: orjson's ``dumps`` result keeps a ~4 KiB buffer per entry
+        # (scripts/bench.py --mode memory measures the RSS per session).
         store[key] = memoryview(value).tobytes()
 
 
