@@ -67,6 +67,12 @@ async def run_mode(args: argparse.Namespace) -> None:
     return await run_default(args, payloads, raw, actions)
 
 
+def loops(value: str) -> str:
+    if unknown := set(value.split(",")) - {"aio", "uvloop"}:
+        raise argparse.ArgumentTypeError(f"unknown event loop {', '.join(sorted(unknown))}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     parse = argparse.ArgumentParser(
         prog="python -m scripts.bench",
@@ -91,8 +97,9 @@ def parser() -> argparse.ArgumentParser:
     add("--llm-concurrency", type=int, default=256)
     add("--port", type=int, default=6100)
     add("--seed", type=int, default=1)
-    add("--loop", choices=["aio", "uvloop"], default="aio",
-        help="the workers' event loop (Faust's F_LOOP)")  # fmt: skip
+    add("--loop", type=loops, default="aio",
+        help="the workers' event loop, aio or uvloop (Faust's F_LOOP); --mode accumulate "
+        "takes a list (aio,uvloop) and alternates them each repeat")  # fmt: skip
     add("--quix-python", default=default_quix_python(),
         help="(d): an interpreter with quixstreams (default .bench/quix-venv, else this one)")  # fmt: skip
     add("--profile", action="store_true",
@@ -104,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     measure.PROFILE = args.profile
-    measure.LOOP = args.loop
+    measure.LOOP = args.loop.split(",")[0]
     asyncio.run(main_async(args))
 
 

@@ -65,14 +65,24 @@ class Workers:
         self.procs.append((proc, log))
 
     def profile(self) -> None:
-        """With --profile, py-spy (raw, 200 Hz) samples each worker from now until
-        ``stop_profiles``, from outside: the workers' CPU figures stay their own."""
+        """With --profile, py-spy (raw, 100 Hz, not pausing the worker) samples each worker
+        until ``stop_profiles``, from outside: the workers' CPU figures stay their own."""
         if not PROFILE:
             return
         spy = Path(sys.executable).with_name("py-spy")
         for proc, log in self.procs:
             out = log.with_suffix(".pyspy.txt")
-            command = [str(spy), "record", "-f", "raw", "-r", "200", "-o", str(out)]
+            command = [
+                str(spy),
+                "record",
+                "--nonblocking",
+                "-f",
+                "raw",
+                "-r",
+                "100",
+                "-o",
+                str(out),
+            ]
             self.spies.append(subprocess.Popen(
                 [*command, "--pid", str(proc.pid)],
                 stdout=subprocess.DEVNULL, stderr=log.with_suffix(".pyspy.log").open("wb"),

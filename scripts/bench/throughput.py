@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from scripts.bench import measure
 from scripts.bench.baselines import bench_faust_floor, bench_sdk, bench_transition
 from scripts.bench.measure import ROOT, Workers, new_run, settings_of, wait_healthy, wait_metric
 from scripts.bench.workload import produce, records_in
@@ -164,5 +165,8 @@ async def run_accumulate(
         f"({1e6 / transition_rate:.0f} us per action)"
     )
     for _ in range(args.repeat):
-        ours = await bench_accumulate(args, payloads, actions)
-        print_accumulate_run(sdk_rate, transition_rate, ours)
+        for loop in args.loop.split(","):  # alternated: runs minutes apart differ more
+            measure.LOOP = loop
+            ours = await bench_accumulate(args, payloads, actions)
+            print(f"event loop: {loop}")
+            print_accumulate_run(sdk_rate, transition_rate, ours)
