@@ -97,8 +97,9 @@ def parser() -> argparse.ArgumentParser:
     add("--llm-concurrency", type=int, default=256)
     add("--port", type=int, default=6100)
     add("--seed", type=int, default=1)
-    add("--loop", type=loops, default="aio",
-        help="the workers' event loop, aio or uvloop (Faust's F_LOOP); --mode accumulate "
+    add("--event-loop", type=loops, default="aio",
+        help="the workers' event loop, aio or uvloop (Faust's F_LOOP; not --loop, which "
+        "Faust takes from any command line that imports it); --mode accumulate "
         "takes a list (aio,uvloop) and alternates them each repeat")  # fmt: skip
     add("--quix-python", default=default_quix_python(),
         help="(d): an interpreter with quixstreams (default .bench/quix-venv, else this one)")  # fmt: skip
@@ -111,7 +112,7 @@ def parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = parser().parse_args()
     measure.PROFILE = args.profile
-    measure.LOOP = args.loop.split(",")[0]
+    measure.LOOP = args.event_loop.split(",")[0]
     asyncio.run(main_async(args))
 
 

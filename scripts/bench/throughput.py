@@ -165,7 +165,7 @@ async def run_accumulate(
         f"({1e6 / transition_rate:.0f} us per action)"
     )
     for _ in range(args.repeat):
-        for loop in args.loop.split(","):  # alternated: runs minutes apart differ more
+        for loop in args.event_loop.split(","):  # alternated: runs minutes apart differ more
             measure.LOOP = loop
             ours = await bench_accumulate(args, payloads, actions)
             print(f"event loop: {loop}")
