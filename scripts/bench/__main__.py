@@ -32,7 +32,6 @@ from scripts.bench import measure
 from scripts.bench.default import run_default
 from scripts.bench.latency import run_latency
 from scripts.bench.memory import run_memory
-from scripts.bench.peer import default_quix_python
 from scripts.bench.summarizer import run_summarizer
 from scripts.bench.throughput import run_accumulate
 from scripts.bench.workload import workload
@@ -101,8 +100,8 @@ def parser() -> argparse.ArgumentParser:
         help="the workers' event loop, aio or uvloop (Faust's F_LOOP; not --loop, which "
         "Faust takes from any command line that imports it); --mode accumulate "
         "takes a list (aio,uvloop) and alternates them each repeat")  # fmt: skip
-    add("--quix-python", default=default_quix_python(),
-        help="(d): an interpreter with quixstreams (default .bench/quix-venv, else this one)")  # fmt: skip
+    add("--quix-python", default="",
+        help="(d): an interpreter with quixstreams (default: .bench/quix-venv, made on first use)")  # fmt: skip
     add("--profile", action="store_true",
         help="py-spy record (raw) each worker into its run directory")  # fmt: skip
     add("--keep-topics", action="store_true", help="leave the run's topics on the broker")

@@ -8,7 +8,7 @@ from typing import Any
 
 from scripts.bench.baselines import bench_raw_consumer, bench_sdk
 from scripts.bench.latency import bench_latency
-from scripts.bench.peer import bench_quix, quix_python_problem
+from scripts.bench.peer import bench_quix, quix_python, quix_python_problem
 from scripts.bench.throughput import bench_pipeline
 
 
@@ -20,11 +20,12 @@ async def run_default(
     print("(c) our pipeline end to end ...")
     ours = await bench_pipeline(args, payloads, actions)
     peer: dict[str, float] | None = None
-    if problem := quix_python_problem(args.quix_python):
+    print("(d) the Quix Streams peer ...")
+    python = quix_python(args.quix_python)
+    if problem := quix_python_problem(python):
         print(f"(d) left out: {problem}")
     else:
-        print("(d) the Quix Streams peer ...")
-        peer = await bench_quix(args, payloads, actions)
+        peer = await bench_quix(args, python, payloads, actions)
     print("(a) raw aiokafka consumption of the same topic ...")
     raw_rate = await bench_raw_consumer(
         args.bootstrap, ours["actions_topic"], len(payloads), actions

@@ -3,7 +3,7 @@
 Measured as the pipeline worker is: started and ready first, then the backlog is
 produced; done when every payload's ``actions_written`` and every summary are in the
 broker. Its interpreter is ``--quix-python`` (Quix Streams caps pydantic below the
-project's version, so it has its own virtualenv: `make bench-peer`).
+project's version, so it has its own virtualenv, `.bench/quix-venv`, made on first use).
 """
 
 from __future__ import annotations
@@ -75,10 +75,22 @@ async def create_topics(bootstrap: str, names: list[str], partitions: int) -> No
         await admin.close()
 
 
-def default_quix_python() -> str:
-    """``.bench/quix-venv``'s interpreter when it was made (docs/performance.md), else ours."""
-    venv = ROOT / ".bench" / "quix-venv" / "bin" / "python"
-    return str(venv) if venv.exists() else sys.executable
+QUIX_VENV = ROOT / ".bench" / "quix-venv"
+QUIX_REQUIREMENT = "quixstreams>=3.28,<4"  # as the bench extra in pyproject.toml
+
+
+def quix_python(chosen: str) -> str:
+    """The peer's interpreter: ``--quix-python``, else ``.bench/quix-venv``, made on first
+    use (Quix Streams caps pydantic below the project's version: it needs its own venv)."""
+    if chosen:
+        return chosen
+    python = QUIX_VENV / "bin" / "python"
+    if not python.exists():
+        print(f"  making {QUIX_VENV} with {QUIX_REQUIREMENT} (once) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(QUIX_VENV)], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                        QUIX_REQUIREMENT], check=False)  # fmt: skip
+    return str(python)
 
 
 def quix_python_problem(python: str) -> str | None:
@@ -90,7 +102,7 @@ def quix_python_problem(python: str) -> str | None:
     except OSError as error:
         return f"--quix-python {python}: {error.strerror}"
     if found.returncode:
-        return f"--quix-python {python} has no quixstreams (pip install '.[bench]' there)"
+        return f"{python} cannot import quixstreams (pip install '{QUIX_REQUIREMENT}' there)"
     return None
 
 
@@ -100,7 +112,7 @@ def peak_rss_mb(pid: int) -> float:
 
 
 async def bench_quix(
-    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
+    args: argparse.Namespace, python: str, payloads: list[dict[str, Any]], actions: int
 ) -> dict[str, float]:
     """The peer on a backlog: actions/s and CPU per action of its process (all threads)."""
     tag = new_tag()
