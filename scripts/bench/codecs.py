@@ -10,60 +10,46 @@ from __future__ import annotations
 
 import time
 import timeit
+from typing import Any
 
 import msgspec
 import orjson
+from pydantic import BaseModel
 
-from schemas import ActionsPayload, ActionsWritten, context_message_adapter, encode
+from schemas import (
+    ActionsPayload,
+    ActionsWritten,
+    SlimAction,
+    SummaryReady,
+    context_message_adapter,
+    encode,
+)
 from scripts.bench.workload import workload
 
 
-class Action(msgspec.Struct, forbid_unknown_fields=False):
-    title: str = ""
-    description: str = ""
-    canonical_url: str = ""
-    index: int = 0
-    type: str = ""
-    timestamp_start: float = 0.0
-    timestamp_end: float = 0.0
-    raw_url: str = ""
-    session_id: str | None = None
-    user_id: str | None = None
-    email: str | None = None
-    conversation_id: str | None = None
+def struct_of(
+    model: type[BaseModel], name: str, tag: str | None = None, **kinds: Any
+) -> type[msgspec.Struct]:
+    """A msgspec Struct with ``model``'s fields, types and defaults; ``kinds`` replaces the
+    types of nested models (so both sides decode the same fields); ``tag``: the ``op``."""
+    fields: list[Any] = []
+    for field_name, field in model.model_fields.items():
+        if tag and field_name == "op":
+            continue
+        kind = kinds.get(field_name, field.annotation)
+        if field.default_factory is not None:
+            fields.append((field_name, kind, msgspec.field(default_factory=field.default_factory)))
+        elif field.is_required():
+            fields.append((field_name, kind))
+        else:
+            fields.append((field_name, kind, field.default))
+    if tag:
+        return msgspec.defstruct(name, fields, kw_only=True, tag_field="op", tag=tag)
+    return msgspec.defstruct(name, fields, kw_only=True)
 
 
-class Payload(msgspec.Struct):
-    session_id: str
-    product_id: str = ""
-    user_id: str | None = None
-    email: str | None = None
-    actions: list[Action] = []
-    count: int = 0
-    forwarded_at: float = 0.0
-    conversation_id: str | None = None
-
-
-class Written(msgspec.Struct, tag_field="op", tag="actions_written"):
-    seq_from: int
-    seq_to: int
-    session_id: str
-    text: str
-    payload: Payload
-    emitted_at: float
-    generation: int = 0
-    product_id: str = ""
-    conversation_id: str | None = None
-    ingested_at: float = 0.0
-
-
-class Summary(msgspec.Struct, tag_field="op", tag="summary_ready"):
-    seq_from: int
-    seq_to: int
-    session_id: str
-    summary: str
-    window_from: int
-    emitted_at: float
+Action = struct_of(SlimAction, "Action")
+Payload = struct_of(ActionsPayload, "Payload", actions=list[Action])  # type: ignore[valid-type]
 
 
 class Header(msgspec.Struct):
@@ -94,7 +80,9 @@ def records() -> list[bytes]:
 
 def main() -> None:
     raws = records()
-    full = msgspec.json.Decoder(Written | Summary)
+    written = struct_of(ActionsWritten, "Written", "actions_written", payload=Payload)
+    summary = struct_of(SummaryReady, "Summary", "summary_ready", ledger=Any, usage=Any)
+    full = msgspec.json.Decoder(written | summary)
     head = msgspec.json.Decoder(Header)
     assert full.decode(raws[0]).session_id == orjson.loads(raws[0])["session_id"]
     cases = {

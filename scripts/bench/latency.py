@@ -17,6 +17,7 @@ from scripts.bench.measure import (
     settings_of,
     wait_healthy,
     wait_metric,
+    worker_env,
 )
 from scripts.bench.workload import produce, workload
 from streams.topics import ensure_topics
@@ -26,16 +27,7 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
     tag = new_tag()
     run_dir = ROOT / ".bench" / f"lat-{tag}"
     run_dir.mkdir(parents=True)
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
-        "AC_APP_ID": f"benchlat-{tag}",
-        "AC_TOPIC_PREFIX": f"benchlat-{tag}.",
-        "AC_PARTITIONS": str(args.partitions),
-        "AC_DATA_DIR": str(run_dir / "state"),
-        "AC_THRESHOLD": str(args.threshold),
-        "AC_LLM_CALLABLE": "scripts.bench.plugins:instant",
-        "AC_STORE": args.store,
-    }
+    env = worker_env(args, f"benchlat-{tag}", run_dir)
     settings = settings_of(args, env)
     await ensure_topics(settings)
     seconds, warmup_s = args.latency_seconds, 5.0

@@ -195,18 +195,22 @@ async def wait_healthy(client: httpx.AsyncClient, ports: list[int], timeout: flo
     raise SystemExit(f"workers not healthy within {timeout:.0f}s")
 
 
-def pipeline_env(args: argparse.Namespace, tag: str, run_dir: Path) -> dict[str, str]:
-    """The workers' settings for one run: its own app id, topics and state directory."""
+def worker_env(
+    args: argparse.Namespace, app_id: str, run_dir: Path, **settings: str
+) -> dict[str, str]:
+    """A run's worker settings: its own app id, topics (``<app id>.``) and state directory,
+    an instant LLM; ``settings`` (AC_... names) add to them or replace them."""
     return {
         "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
-        "AC_APP_ID": f"bench-{tag}",
-        "AC_TOPIC_PREFIX": f"bench-{tag}.",
+        "AC_APP_ID": app_id,
+        "AC_TOPIC_PREFIX": f"{app_id}.",
         "AC_PARTITIONS": str(args.partitions),
         "AC_DATA_DIR": str(run_dir / "state"),
         "AC_THRESHOLD": str(args.threshold),
         "AC_LLM_CALLABLE": "scripts.bench.plugins:instant",
         "AC_STORE": args.store,
         "AC_IDLE_TIMEOUT_S": "3600",
+        **settings,
     }
 
 
@@ -215,7 +219,7 @@ async def new_run(args: argparse.Namespace) -> tuple[dict[str, str], Path]:
     tag = new_tag()
     run_dir = ROOT / ".bench" / tag
     run_dir.mkdir(parents=True)
-    env = pipeline_env(args, tag, run_dir)
+    env = worker_env(args, f"bench-{tag}", run_dir)
     await ensure_topics(settings_of(args, env))
     return env, run_dir
 

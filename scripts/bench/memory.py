@@ -6,7 +6,7 @@ import argparse
 
 import httpx
 
-from scripts.bench.measure import ROOT, Workers, metric, new_tag, scrape, wait_metric
+from scripts.bench.measure import ROOT, Workers, metric, new_tag, scrape, wait_metric, worker_env
 from scripts.bench.workload import idle_sessions, produce
 from streams.settings import Settings
 from streams.topics import ensure_topics
@@ -30,17 +30,14 @@ async def bench_memory(args: argparse.Namespace) -> dict[str, list[tuple[int, fl
     for n, store in enumerate(args.stores.split(",")):
         run_dir = ROOT / ".bench" / f"mem-{tag}-{n}"
         run_dir.mkdir(parents=True)
-        env = {
-            "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
-            "AC_APP_ID": f"benchmem-{tag}-{n}",  # its own group and tables, the same input
-            "AC_TOPIC_PREFIX": prefix,
-            "AC_PARTITIONS": str(args.partitions),
-            "AC_DATA_DIR": str(run_dir / "state"),
-            "AC_THRESHOLD": str(args.threshold),
-            "AC_LLM_CALLABLE": "scripts.bench.plugins:instant",
-            "AC_STORE": store,
-            "AC_IDLE_TIMEOUT_S": "86400",  # idle, but kept: the point is holding them
-        }
+        env = worker_env(
+            args,
+            f"benchmem-{tag}-{n}",  # its own group and tables, the same input
+            run_dir,
+            AC_TOPIC_PREFIX=prefix,
+            AC_STORE=store,
+            AC_IDLE_TIMEOUT_S="86400",  # idle, but kept: the point is holding them
+        )
         workers = Workers(env, run_dir, args.port + 30)
         marks: list[tuple[int, float]] = []
         try:

@@ -7,7 +7,7 @@ import time
 
 import httpx
 
-from scripts.bench.measure import ROOT, Workers, new_tag, settings_of, wait_metric
+from scripts.bench.measure import ROOT, Workers, new_tag, settings_of, wait_metric, worker_env
 from scripts.bench.workload import produce, workload
 from streams.topics import ensure_topics
 
@@ -17,17 +17,13 @@ async def bench_summarizer(args: argparse.Namespace) -> float:
     run_dir = ROOT / ".bench" / f"sum-{tag}"
     run_dir.mkdir(parents=True)
     sessions, threshold = 2000, args.threshold
-    env = {
-        "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
-        "AC_APP_ID": f"benchsum-{tag}",
-        "AC_TOPIC_PREFIX": f"benchsum-{tag}.",
-        "AC_PARTITIONS": str(args.partitions),
-        "AC_DATA_DIR": str(run_dir / "state"),
-        "AC_THRESHOLD": str(threshold),
-        "AC_LLM_CALLABLE": "scripts.bench.plugins:slow_500ms",
-        "AC_LLM_CONCURRENCY": str(args.llm_concurrency),
-        "AC_IDLE_TIMEOUT_S": "3600",
-    }
+    env = worker_env(
+        args,
+        f"benchsum-{tag}",
+        run_dir,
+        AC_LLM_CALLABLE="scripts.bench.plugins:slow_500ms",
+        AC_LLM_CONCURRENCY=str(args.llm_concurrency),
+    )
     settings = settings_of(args, env)
     await ensure_topics(settings)
     payloads = workload(
