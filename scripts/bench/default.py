@@ -17,8 +17,15 @@ async def run_default(
 ) -> None:
     print("(b) in-process autoplay_sdk writer + summarizer ...")
     sdk_rate, sdk_cpu = await bench_sdk(raw, actions, args.threshold)
+    print(f"  {sdk_rate:,.0f} actions/s, {sdk_cpu:.0f} us of CPU per action", flush=True)
     print("(c) our pipeline end to end ...")
     ours = await bench_pipeline(args, payloads, actions)
+    print(  # as soon as known: a later row failing must not lose it
+        f"  accumulate {ours['accumulate_rate']:,.0f} actions/s, end to end "
+        f"{ours['end_to_end_rate']:,.0f}; CPU per action: pipeline "
+        f"{ours['cpu_us_per_action'][0]:.0f} us, sink {ours['cpu_us_per_action'][1]:.0f} us",
+        flush=True,
+    )
     peer: dict[str, float] | None = None
     print("(d) the Quix Streams peer ...")
     python = quix_python(args.quix_python)

@@ -132,7 +132,7 @@ async def bench_quix(
     }
     with (run_dir / "peer.log").open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
-            args.quix_python,
+            python,
             str(Path(__file__).with_name("quix_peer.py")),
             cwd=ROOT,
             env={**os.environ, **env},
