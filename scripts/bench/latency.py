@@ -27,7 +27,7 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
     tag = new_tag()
     run_dir = ROOT / ".bench" / f"lat-{tag}"
     run_dir.mkdir(parents=True)
-    env = worker_env(args, f"benchlat-{tag}", run_dir)
+    env = worker_env(args, f"perflat-{tag}", run_dir)
     settings = settings_of(args, env)
     await ensure_topics(settings)
     seconds, warmup_s = args.latency_seconds, 5.0

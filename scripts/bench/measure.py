@@ -219,7 +219,7 @@ async def new_run(args: argparse.Namespace) -> tuple[dict[str, str], Path]:
     tag = new_tag()
     run_dir = ROOT / ".bench" / tag
     run_dir.mkdir(parents=True)
-    env = worker_env(args, f"bench-{tag}", run_dir)
+    env = worker_env(args, f"perf-{tag}", run_dir)
     await ensure_topics(settings_of(args, env))
     return env, run_dir
 
@@ -234,7 +234,8 @@ def settings_of(args: argparse.Namespace, env: dict[str, str]) -> Settings:
 
 def new_tag() -> str:
     """A fresh run's tag: its topics, group and state directory are named with it, and the
-    topics holding one of this invocation's tags are deleted at its end."""
+    topics holding one of this invocation's tags are deleted at its end. The names start
+    ``perf``: older copies of this benchmark delete every new topic named ``bench*``."""
     tag = uuid.uuid4().hex[:6]
     RUN_TAGS.add(tag)
     return tag

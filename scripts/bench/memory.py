@@ -17,7 +17,7 @@ MEMORY_MARKS = (0.1, 0.25, 0.5, 0.75, 1.0)
 async def bench_memory(args: argparse.Namespace) -> dict[str, list[tuple[int, float]]]:
     """RSS of the pipeline worker as it takes on idle sessions, per table store."""
     tag = new_tag()
-    prefix = f"benchmem-{tag}."
+    prefix = f"perfmem-{tag}."
     settings = Settings(
         kafka_bootstrap_servers=args.bootstrap, topic_prefix=prefix, partitions=args.partitions
     )
@@ -32,7 +32,7 @@ async def bench_memory(args: argparse.Namespace) -> dict[str, list[tuple[int, fl
         run_dir.mkdir(parents=True)
         env = worker_env(
             args,
-            f"benchmem-{tag}-{n}",  # its own group and tables, the same input
+            f"perfmem-{tag}-{n}",  # its own group and tables, the same input
             run_dir,
             AC_TOPIC_PREFIX=prefix,
             AC_STORE=store,

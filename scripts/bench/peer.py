@@ -116,7 +116,7 @@ async def bench_quix(
 ) -> dict[str, float]:
     """The peer on a backlog: actions/s and CPU per action of its process (all threads)."""
     tag = new_tag()
-    prefix, run_dir = f"bench-{tag}.", ROOT / ".bench" / f"quix-{tag}"
+    prefix, run_dir = f"perf-{tag}.", ROOT / ".bench" / f"quix-{tag}"
     run_dir.mkdir(parents=True)
     outputs = {
         name: prefix + "peer-" + name

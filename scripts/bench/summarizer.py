@@ -19,7 +19,7 @@ async def bench_summarizer(args: argparse.Namespace) -> float:
     sessions, threshold = 2000, args.threshold
     env = worker_env(
         args,
-        f"benchsum-{tag}",
+        f"perfsum-{tag}",
         run_dir,
         AC_LLM_CALLABLE="scripts.bench.plugins:slow_500ms",
         AC_LLM_CONCURRENCY=str(args.llm_concurrency),
