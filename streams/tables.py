@@ -152,7 +152,7 @@ class ScanPacer:
     """Keeps a timer's full-table scan to a share of the worker's time.
 
     A scan costs O(sessions): at a few hundred thousand idle sessions a scan
-    every few seconds took most of the CPU (``scripts/bench.py --mode memory``).
+    every few seconds took most of the CPU (``python -m scripts.bench --mode memory``).
     After a scan that took ``t``,
     the next is skipped until ``t * (1 / share - 1)`` has passed, so with many
     sessions idle detection runs less often instead of starving the stream.
@@ -188,7 +188,7 @@ class OwnedKeyCount:
 
     Counting at scrape time walked the whole table, and cached every key's
     partition: at 300k sessions a scrape took seconds of the event loop and the
-    cache ~400 bytes a session (``scripts/bench.py --mode memory``).
+    cache ~400 bytes a session (``python -m scripts.bench --mode memory``).
     Here the table's owner reports each key it creates or deletes
     (``changed``), and a partition is counted in full only once per assignment
     generation, when the gauge is first read after recovery. ``pending`` gives

@@ -196,3 +196,16 @@ def test_control_and_bidi_characters_are_escaped_in_what_destinations_get() -> N
     update_ledger(ledger, payload.actions, 1, LedgerLimits(), now=0.0)
     rendered = SessionLedger.model_validate(ledger).render()
     assert all(ch in "\n" or ch.isprintable() for ch in rendered), rendered
+
+
+def test_escaping_searches_first_and_escapes_every_character_translate_would() -> None:
+    """schemas.text skips ``translate`` when nothing needs escaping; each character it
+    escapes, alone or in text, comes out as the full translation table says."""
+    from schemas.text import _ONE_LINE, _PRINTABLE, one_line
+
+    for table, escape in ((_PRINTABLE, printable), (_ONE_LINE, one_line)):
+        for cp in range(0x3000):
+            text = f"a {chr(cp)} — b"
+            assert escape(text) == text.translate(table), hex(cp)
+    plain = "[1] click: Save — https://app.example.com/projects/:id"
+    assert one_line(plain) is plain

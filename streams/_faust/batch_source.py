@@ -5,7 +5,7 @@ record (four tasks and an ``asyncio.wait``), the conductor's callback, an
 Event, a queue, the stream's iteration. Measured here, an agent that does
 nothing gets 7,000-9,000 records/s that way, while the same consumer yields
 90,000-107,000 records/s when its records are taken as it fetches them
-(``scripts/bench.py``: the a' and a'' floors). A ``BatchSource`` takes its topic's
+(``scripts/bench/``: the a' and a'' floors). A ``BatchSource`` takes its topic's
 records there (``streams.divert.divert``) and hands them out in
 batches of whatever has arrived.
 

@@ -3,7 +3,7 @@
 Faust opens one database per table and partition, each with its own block
 cache, and RocksDB keeps every table file's index and bloom filter in memory
 outside that cache. So a worker's RSS grew with the partitions and with the
-sessions it held (``scripts/bench.py --mode memory`` measures it). Here all
+sessions it held (``python -m scripts.bench --mode memory`` measures it). Here all
 databases of the process share
 one LRU block cache, index and filter blocks are charged to it, and each
 database has at most two small write buffers: RocksDB's part of RSS is at most

@@ -59,7 +59,7 @@ def put(store: Any, key: str, value: bytes | None, partition: int) -> None:
         store.pop(key, None)
     else:
         # A compact copy: orjson's ``dumps`` result keeps a ~4 KiB buffer per entry
-        # (scripts/bench.py --mode memory measures the RSS per session).
+        # (python -m scripts.bench --mode memory measures the RSS per session).
         store[key] = memoryview(value).tobytes()
 
 

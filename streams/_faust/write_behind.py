@@ -87,7 +87,7 @@ class WriteBehind:
         self._version += 1
         if value is not None:
             # Held until the unit completes: a compact copy, not orjson's ~4 KiB buffer
-            # (scripts/bench.py --mode accumulate reports the peak RSS).
+            # (python -m scripts.bench --mode accumulate reports the peak RSS).
             value = memoryview(value).tobytes()
         self._overlay[(id(table), key)] = (value, self._version)
         self._unit.writes.append((table, key, value, self._version))

@@ -2,7 +2,7 @@
 
 Latency at a steady rate is decided by rare stalls more than by the average
 cost: a 100 ms stall every few seconds puts 1-2% of all actions past 100 ms.
-Two histograms show them in production (and in ``scripts/bench.py``):
+Two histograms show them in production (and in ``scripts/bench/``):
 
 * ``ac_event_loop_lag_seconds``: a task due every 50 ms records how late it ran;
 * ``ac_gc_pause_seconds{generation}``: each cyclic collection, timed by

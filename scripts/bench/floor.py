@@ -4,8 +4,8 @@
 alone, the floor under any Faust agent). ``BENCH_FLOOR_MODE=batch``: a no-op
 ``streams._faust.batch_source.BatchSource`` (the delivery our workers use: Faust's
 consumer, group and commits, records taken in batches as they are fetched).
-No decoding, no state, no output. Run by scripts/bench.py as
-``BENCH_FLOOR_MESSAGES=n faust -A scripts.bench_floor worker``; prints one
+No decoding, no state, no output. Run by `python -m scripts.bench` as
+``BENCH_FLOOR_MESSAGES=n faust -A scripts.bench.floor worker``; prints one
 ``FLOOR <messages/s>`` line when it has seen n messages, then exits.
 """
 

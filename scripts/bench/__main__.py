@@ -1,0 +1,119 @@
+"""Benchmark: what durability costs, on one workload, in one run (`python -m scripts.bench`).
+
+  (a) raw aiokafka consumption of the `actions` topic (the ceiling for a Python consumer)
+  (b) the in-process autoplay_sdk AsyncAgentContextWriter + AsyncSessionSummarizer (no Kafka)
+  (c) our pipeline end to end: actions -> tables -> context -> a null sink, instant LLM
+  (d) the same job written with Quix Streams, on the same workload and broker
+  latency: p50/p99 from produce to application at the sink, at a fixed offered rate
+  The default mode ends with one line for scripts:
+  RATIOS c/b=<x> c/d=<y> cpu_pipeline/sdk=<z> cpu_sink/sdk=<w>
+  --mode latency [--repeat N]: only the latency; with N runs, how many met p99 < 100 ms
+  --mode summarizer: 2,000 sessions, an LLM that takes 500 ms: summaries per second
+  --mode accumulate: the pipeline worker alone on a backlog, to durable and summarised,
+    beside (b) and our accumulator's transition alone in this process (what the rest costs)
+  --mode memory: RSS of the pipeline worker as it takes on idle sessions, per store
+
+Prints figures and ratios; it is not a test. Needs the broker (make broker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # also as `python scripts/bench`
+
+import orjson
+
+from scripts.bench import measure
+from scripts.bench.default import run_default
+from scripts.bench.latency import run_latency
+from scripts.bench.memory import run_memory
+from scripts.bench.summarizer import run_summarizer
+from scripts.bench.throughput import run_accumulate
+from scripts.bench.workload import workload
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    try:
+        await run_mode(args)
+    finally:
+        if not args.keep_topics:
+            await measure.delete_run_topics(args.bootstrap)
+
+
+async def run_mode(args: argparse.Namespace) -> None:
+    if args.mode == "memory":
+        return await run_memory(args)
+    if args.mode == "summarizer":
+        return await run_summarizer(args)
+    if args.mode == "latency":
+        return await run_latency(args)
+    payloads = workload(
+        args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch
+    )
+    actions = sum(len(p["actions"]) for p in payloads)
+    raw = [orjson.dumps(p) for p in payloads]
+    print(
+        f"workload: {actions:,} actions, {args.sessions:,} sessions, {len(payloads):,} payloads "
+        f"(1-{args.max_batch} actions each), K={args.threshold}, {args.partitions} partitions"
+    )
+    if args.mode == "accumulate":
+        return await run_accumulate(args, payloads, raw, actions)
+    return await run_default(args, payloads, raw, actions)
+
+
+def loops(value: str) -> str:
+    if unknown := set(value.split(",")) - {"aio", "uvloop"}:
+        raise argparse.ArgumentTypeError(f"unknown event loop {', '.join(sorted(unknown))}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    parse = argparse.ArgumentParser(
+        prog="python -m scripts.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parse.add_argument
+    add("--mode", choices=["throughput", "accumulate", "summarizer", "latency", "memory"],
+        default="throughput")  # fmt: skip
+    add("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    add("--actions", type=int, default=200_000)
+    add("--sessions", type=int, default=5_000)
+    add("--max-batch", type=int, default=3)
+    add("--threshold", type=int, default=10)
+    add("--partitions", type=int, default=8)
+    add("--store", default="memory://")
+    add("--stores", default="memory://,rocksdb://", help="--mode memory: the stores to compare")
+    add("--rate", type=float, default=5_000)
+    add("--latency-seconds", type=float, default=20)
+    add("--repeat", type=int, default=1,
+        help="--mode latency or accumulate: runs, each on fresh topics")  # fmt: skip
+    add("--llm-concurrency", type=int, default=256)
+    add("--port", type=int, default=6100)
+    add("--seed", type=int, default=1)
+    add("--event-loop", type=loops, default="aio",
+        help="the workers' event loop, aio or uvloop (Faust's F_LOOP; not --loop, which "
+        "Faust takes from any command line that imports it); --mode accumulate "
+        "takes a list (aio,uvloop) and alternates them each repeat")  # fmt: skip
+    add("--quix-python", default="",
+        help="(d): an interpreter with quixstreams (default: .bench/quix-venv, made on first use)")  # fmt: skip
+    add("--profile", action="store_true",
+        help="py-spy record (raw) each worker into its run directory")  # fmt: skip
+    add("--keep-topics", action="store_true", help="leave the run's topics on the broker")
+    return parse
+
+
+def main() -> None:
+    args = parser().parse_args()
+    measure.PROFILE = args.profile
+    measure.LOOP = args.event_loop.split(",")[0]
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()

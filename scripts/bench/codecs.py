@@ -1,0 +1,104 @@
+"""Decoding a context operation: pydantic (today) against msgspec, whole or header only.
+
+    python -m scripts.bench.codecs        (msgspec: the bench extra)
+
+The sink validates every operation with pydantic; msgspec Structs of the same fields
+are the candidate for the internal hot-path messages (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import time
+import timeit
+from typing import Any
+
+import msgspec
+import orjson
+from pydantic import BaseModel
+
+from schemas import (
+    ActionsPayload,
+    ActionsWritten,
+    SlimAction,
+    SummaryReady,
+    context_message_adapter,
+    encode,
+)
+from scripts.bench.workload import workload
+
+
+def struct_of(
+    model: type[BaseModel], name: str, tag: str | None = None, **kinds: Any
+) -> type[msgspec.Struct]:
+    """A msgspec Struct with ``model``'s fields, types and defaults; ``kinds`` replaces the
+    types of nested models (so both sides decode the same fields); ``tag``: the ``op``."""
+    fields: list[Any] = []
+    for field_name, field in model.model_fields.items():
+        if tag and field_name == "op":
+            continue
+        kind = kinds.get(field_name, field.annotation)
+        if field.default_factory is not None:
+            fields.append((field_name, kind, msgspec.field(default_factory=field.default_factory)))
+        elif field.is_required():
+            fields.append((field_name, kind))
+        else:
+            fields.append((field_name, kind, field.default))
+    if tag:
+        return msgspec.defstruct(name, fields, kw_only=True, tag_field="op", tag=tag)
+    return msgspec.defstruct(name, fields, kw_only=True)
+
+
+Action = struct_of(SlimAction, "Action")
+Payload = struct_of(ActionsPayload, "Payload", actions=list[Action])  # type: ignore[valid-type]
+
+
+class Header(msgspec.Struct):
+    op: str
+    session_id: str
+    seq_from: int
+    seq_to: int
+    generation: int = 0
+
+
+def records() -> list[bytes]:
+    """``actions_written`` operations as the pipeline emits them, for the workload's payloads."""
+    payloads = workload(3000, 100, 1, min_batch=1, max_batch=3)
+    out = []
+    for raw in payloads:
+        p = ActionsPayload.model_validate(raw)
+        op = ActionsWritten(
+            seq_from=1,
+            seq_to=len(p.actions),
+            session_id=p.session_id,
+            text=p.numbered_text(1),
+            payload=p,
+            emitted_at=time.time(),
+        )
+        out.append(encode(op))
+    return out
+
+
+def main() -> None:
+    raws = records()
+    written = struct_of(ActionsWritten, "Written", "actions_written", payload=Payload)
+    summary = struct_of(SummaryReady, "Summary", "summary_ready", ledger=Any, usage=Any)
+    full = msgspec.json.Decoder(written | summary)
+    head = msgspec.json.Decoder(Header)
+    assert full.decode(raws[0]).session_id == orjson.loads(raws[0])["session_id"]
+    cases = {
+        "pydantic: orjson.loads + validate_python (today)": lambda r: (
+            context_message_adapter.validate_python(orjson.loads(r))
+        ),
+        "pydantic: validate_json": context_message_adapter.validate_json,
+        "msgspec: the whole operation (Structs)": full.decode,
+        "msgspec: the header only (op, session, seq range, generation)": head.decode,
+        "orjson.loads alone (no validation)": orjson.loads,
+    }
+    print(f"{len(raws)} actions_written records, {sum(map(len, raws)) / len(raws):.0f} bytes each")
+    for name, decode in cases.items():
+        runs = timeit.repeat(lambda d=decode: [d(r) for r in raws], number=3, repeat=5)
+        print(f"  {name:<62} {min(runs) / 3 / len(raws) * 1e6:6.2f} us per record")
+
+
+if __name__ == "__main__":
+    main()

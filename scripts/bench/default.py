@@ -1,0 +1,90 @@
+"""The default mode: (a)-(d) on one workload in one invocation, then latency, then RATIOS."""
+
+from __future__ import annotations
+
+import argparse
+import resource
+from typing import Any
+
+from scripts.bench.baselines import bench_raw_consumer, bench_sdk
+from scripts.bench.latency import bench_latency
+from scripts.bench.peer import bench_quix, quix_python, quix_python_problem
+from scripts.bench.throughput import bench_pipeline
+
+
+async def run_default(
+    args: argparse.Namespace, payloads: list[dict[str, Any]], raw: list[bytes], actions: int
+) -> None:
+    print("(b) in-process autoplay_sdk writer + summarizer ...")
+    sdk_rate, sdk_cpu = await bench_sdk(raw, actions, args.threshold)
+    print(f"  {sdk_rate:,.0f} actions/s, {sdk_cpu:.0f} us of CPU per action", flush=True)
+    print("(c) our pipeline end to end ...")
+    ours = await bench_pipeline(args, payloads, actions)
+    print(  # as soon as known: a later row failing must not lose it
+        f"  accumulate {ours['accumulate_rate']:,.0f} actions/s, end to end "
+        f"{ours['end_to_end_rate']:,.0f}; CPU per action: pipeline "
+        f"{ours['cpu_us_per_action'][0]:.0f} us, sink {ours['cpu_us_per_action'][1]:.0f} us",
+        flush=True,
+    )
+    peer: dict[str, float] | None = None
+    print("(d) the Quix Streams peer ...")
+    python = quix_python(args.quix_python)
+    if problem := quix_python_problem(python):
+        print(f"(d) left out: {problem}")
+    else:
+        peer = await bench_quix(args, python, payloads, actions)
+    print("(a) raw aiokafka consumption of the same topic ...")
+    raw_rate = await bench_raw_consumer(
+        args.bootstrap, ours["actions_topic"], len(payloads), actions
+    )
+    print("latency at a fixed offered rate ...")
+    latency = await bench_latency(args)
+    print()
+    rows = [
+        ("(a) raw aiokafka consumer", raw_rate),
+        ("(a') no-op Faust agent (framework floor)", ours["faust_floor_rate"]),
+        ("(a'') no-op BatchSource (our delivery floor)", ours["batch_floor_rate"]),
+        ("(b) in-process SDK (no durability)", sdk_rate),
+        ("(c) pipeline: accumulate (inputs durable)", ours["accumulate_rate"]),
+        ("(c) pipeline: end to end at the null sink", ours["end_to_end_rate"]),
+    ]
+    if peer is not None:
+        rows.append(("(d) Quix Streams peer (accumulate + summarize)", peer["rate"]))
+    for label, rate in rows:
+        print(f"{label:<48} {rate:>12,.0f} actions/s")
+    end_to_end, accumulate = ours["end_to_end_rate"], ours["accumulate_rate"]
+    print(
+        f"c/a = {end_to_end / raw_rate:.2f}   c/b = {end_to_end / sdk_rate:.2f}"
+        f"   (accumulate only: c/b = {accumulate / sdk_rate:.2f})"
+    )
+    print(
+        f"c/a' = {end_to_end / ours['faust_floor_rate']:.2f}   "
+        f"c/a'' = {end_to_end / ours['batch_floor_rate']:.2f}   "
+        f"a'/b = {ours['faust_floor_rate'] / sdk_rate:.2f}   "
+        f"a''/b = {ours['batch_floor_rate'] / sdk_rate:.2f}"
+    )
+    print(
+        f"latency at {args.rate:,.0f} actions/s offered: p50 <= {latency['p50_le_s'] * 1000:.0f} ms, "
+        f"p99 <= {latency['p99_le_s'] * 1000:.0f} ms ({latency['samples']:,.0f} batches; "
+        f"histogram bucket bounds); CPU meanwhile: pipeline {latency['pipeline_core']:.0%}, "
+        f"sink {latency['sink_core']:.0%} of a core"
+    )
+    print(
+        f"peak RSS: pipeline {ours['rss_pipeline_mb']:.0f} MiB, sink {ours['rss_sink_mb']:.0f} MiB"
+        + (f", Quix peer {peer['rss_mb']:.0f} MiB" if peer else "")
+        + f"; bench process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+    )
+    print(f"changelog bytes per action: {ours['changelog_bytes_per_action']:.0f}")
+    pipeline_cpu, sink_cpu = ours["cpu_us_per_action"]
+    print(
+        f"CPU per action: pipeline {pipeline_cpu:.0f} us, null sink {sink_cpu:.0f} us"
+        + (f", Quix peer {peer['cpu_us_per_action']:.0f} us" if peer else "")
+        + f"; in-process SDK {sdk_cpu:.0f} us"
+    )
+    # d is the peer doing the pipeline worker's job (accumulate and summarize), so c/d
+    # compares the accumulate figure with it; c/b is end to end, the stricter one.
+    c_d = f"{accumulate / peer['rate']:.2f}" if peer else "nan"
+    print(
+        f"RATIOS c/b={end_to_end / sdk_rate:.2f} c/d={c_d} "
+        f"cpu_pipeline/sdk={pipeline_cpu / sdk_cpu:.2f} cpu_sink/sdk={sink_cpu / sdk_cpu:.2f}"
+    )

@@ -1,0 +1,265 @@
+"""The workers under measurement, and reading them: processes, CPU, RSS, /metrics, topics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from aiokafka.admin import AIOKafkaAdminClient
+
+from streams.settings import Settings
+from streams.topics import ensure_topics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def faust_worker(module: str, port: int) -> list[str]:
+    """The command of a `faust worker` (``-l info``: ``-l warn`` leaves the root logger at
+    DEBUG under Faust's spinner, which costs a log record per message)."""
+    return [
+        sys.executable,
+        "-m",
+        "faust",
+        "-A",
+        module,
+        "worker",
+        "-l",
+        "info",
+        "--web-port",
+        str(port),
+    ]
+
+
+class Workers:
+    """The pipeline worker and a null sink worker, as `faust worker` processes.
+
+    The newest ``Workers`` is the one ``wait_metric`` checks for a crashed worker.
+    """
+
+    def __init__(self, env: dict[str, str], run_dir: Path, port: int) -> None:
+        global WORKERS
+        self.env, self.run_dir, self.port = env, run_dir, port
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.spies: list[subprocess.Popen[bytes]] = []
+        WORKERS = self
+
+    def start(self, module: str, name: str, port: int, **extra: str) -> None:
+        log = self.run_dir / f"{name}.log"
+        loop = {} if LOOP == "aio" else {"F_LOOP": LOOP}
+        proc = subprocess.Popen(
+            faust_worker(module, port),
+            cwd=ROOT,
+            env={**os.environ, **self.env, **loop, **extra, "AC_WEB_PORT": str(port)},
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        self.procs.append((proc, log))
+
+    def profile(self) -> None:
+        """With --profile, py-spy (raw, 100 Hz, not pausing the worker) samples each worker
+        until ``stop_profiles``, from outside: the workers' CPU figures stay their own."""
+        if not PROFILE:
+            return
+        spy = Path(sys.executable).with_name("py-spy")
+        for proc, log in self.procs:
+            out = log.with_suffix(".pyspy.txt")
+            command = [
+                str(spy),
+                "record",
+                "--nonblocking",
+                "-f",
+                "raw",
+                "-r",
+                "100",
+                "-o",
+                str(out),
+            ]
+            self.spies.append(subprocess.Popen(
+                [*command, "--pid", str(proc.pid)],
+                stdout=subprocess.DEVNULL, stderr=log.with_suffix(".pyspy.log").open("wb"),
+            ))  # fmt: skip
+            print(f"  profiling {log.stem} into {out}")
+
+    def stop_profiles(self) -> None:
+        for spy in self.spies:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for spy in self.spies:
+            spy.wait(timeout=60)
+        self.spies.clear()
+
+    def check_alive(self) -> None:
+        for proc, log in self.procs:
+            if proc.poll() is not None:
+                raise SystemExit(f"\na worker exited; see {log}:\n{log.read_text()[-2000:]}")
+
+    def peak_rss_mb(self) -> list[float]:
+        out = []
+        for proc, _ in self.procs:
+            status = Path(f"/proc/{proc.pid}/status")
+            match = re.search(r"VmHWM:\s+(\d+) kB", status.read_text()) if status.exists() else None
+            out.append(int(match.group(1)) / 1024 if match else float("nan"))
+        return out
+
+    def cpu_seconds(self) -> list[float]:
+        """User + system CPU time of each worker so far (from /proc/<pid>/stat)."""
+        return [cpu_seconds(proc.pid) for proc, _ in self.procs]
+
+    def rss_mb(self, index: int = 0) -> float:
+        status = Path(f"/proc/{self.procs[index][0].pid}/status")
+        match = re.search(r"VmRSS:\s+(\d+) kB", status.read_text()) if status.exists() else None
+        return int(match.group(1)) / 1024 if match else float("nan")
+
+    def stop(self) -> None:
+        self.stop_profiles()
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+PROFILE = False  # --profile
+LOOP = "aio"  # --loop
+WORKERS: Workers | None = None  # checked while waiting, so a crashed worker fails fast
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            if line[len(name)] in " {":
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def scrape(client: httpx.AsyncClient, port: int) -> str:
+    try:
+        return (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    except httpx.HTTPError:
+        return ""
+
+
+async def wait_metric(
+    client: httpx.AsyncClient,
+    port: int,
+    name: str,
+    target: float,
+    label: str,
+    timeout: float = 900,
+    **labels: str,
+) -> float:
+    """Poll until the metric reaches target; prints progress; returns the time it did."""
+    deadline = time.monotonic() + timeout
+    last, shown = -1.0, 0.0
+    while time.monotonic() < deadline:
+        value = metric(await scrape(client, port), name, **labels)
+        if value != last and time.monotonic() - shown > 1:
+            print(f"  {label}: {value:,.0f}/{target:,.0f}", flush=True)
+            last, shown = value, time.monotonic()
+        if value >= target:
+            print(f"  {label}: {value:,.0f} done")
+            return time.perf_counter()
+        if WORKERS is not None:
+            WORKERS.check_alive()
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"\n{label}: stuck at {last} of {target}")
+
+
+async def wait_healthy(client: httpx.AsyncClient, ports: list[int], timeout: float = 120) -> None:
+    """Until every worker's /healthz says it is consuming (assigned, recovered, running)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = []
+        for port in ports:
+            try:
+                codes.append((await client.get(f"http://127.0.0.1:{port}/healthz")).status_code)
+            except httpx.HTTPError:
+                codes.append(0)
+        if all(code == 200 for code in codes):
+            return
+        if WORKERS is not None:
+            WORKERS.check_alive()
+        await asyncio.sleep(0.1)
+    raise SystemExit(f"workers not healthy within {timeout:.0f}s")
+
+
+def worker_env(
+    args: argparse.Namespace, app_id: str, run_dir: Path, **settings: str
+) -> dict[str, str]:
+    """A run's worker settings: its own app id, topics (``<app id>.``) and state directory,
+    an instant LLM; ``settings`` (AC_... names) add to them or replace them."""
+    return {
+        "KAFKA_BOOTSTRAP_SERVERS": args.bootstrap,
+        "AC_APP_ID": app_id,
+        "AC_TOPIC_PREFIX": f"{app_id}.",
+        "AC_PARTITIONS": str(args.partitions),
+        "AC_DATA_DIR": str(run_dir / "state"),
+        "AC_THRESHOLD": str(args.threshold),
+        "AC_LLM_CALLABLE": "scripts.bench.plugins:instant",
+        "AC_STORE": args.store,
+        "AC_IDLE_TIMEOUT_S": "3600",
+        **settings,
+    }
+
+
+async def new_run(args: argparse.Namespace) -> tuple[dict[str, str], Path]:
+    """A fresh run's settings, with its topics created (and empty)."""
+    tag = new_tag()
+    run_dir = ROOT / ".bench" / tag
+    run_dir.mkdir(parents=True)
+    env = worker_env(args, f"perf-{tag}", run_dir)
+    await ensure_topics(settings_of(args, env))
+    return env, run_dir
+
+
+def settings_of(args: argparse.Namespace, env: dict[str, str]) -> Settings:
+    return Settings(
+        kafka_bootstrap_servers=args.bootstrap,
+        topic_prefix=env["AC_TOPIC_PREFIX"],
+        partitions=args.partitions,
+    )
+
+
+def new_tag() -> str:
+    """A fresh run's tag: its topics, group and state directory are named with it, and the
+    topics holding one of this invocation's tags are deleted at its end. The names start
+    ``perf``: older copies of this benchmark delete every new topic named ``bench*``."""
+    tag = uuid.uuid4().hex[:6]
+    RUN_TAGS.add(tag)
+    return tag
+
+
+RUN_TAGS: set[str] = set()
+
+
+async def delete_run_topics(bootstrap: str) -> None:
+    """Found with a broker that had kept every run's topics (12,000 partitions, 28 GB):
+    it spent a core on its own upkeep, and p99 at 5,000 actions/s went from <= 100 ms to
+    <= 1 s. A run leaves nothing behind, and touches no one else's topics (shared broker)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        topics = [t for t in await admin.list_topics() if any(tag in t for tag in RUN_TAGS)]
+        if topics:
+            await admin.delete_topics(sorted(topics))
+            print(f"deleted this run's {len(topics)} topics")
+    finally:
+        await admin.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and all its threads so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -1,0 +1,172 @@
+"""(c): the pipeline on a backlog, accumulate alone (`--mode accumulate`) and end to end."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from scripts.bench import measure
+from scripts.bench.baselines import bench_faust_floor, bench_sdk, bench_transition
+from scripts.bench.measure import ROOT, Workers, new_run, settings_of, wait_healthy, wait_metric
+from scripts.bench.workload import produce, records_in
+
+
+def changelog_bytes(kafka_data: Path, app_id: str) -> int:
+    total = 0
+    for path in kafka_data.glob(f"{app_id}-*changelog-*/*.log"):
+        total += path.stat().st_size
+    return total
+
+
+async def offer_backlog(
+    args: argparse.Namespace, env: dict[str, str], payloads: list[dict[str, Any]]
+) -> float:
+    """Produce ``payloads`` as fast as the producer goes; returns when it started.
+
+    The workers are up and consuming by then, so every action's work falls after
+    that moment: a worker started on a pre-filled topic had applied ~26,000 actions
+    before its first ``/metrics`` answer, and a window opened there either missed
+    their work or took in their durability (found: 160 µs per action on a 40,000-action
+    run, against ~90 on a 150,000-action one).
+    """
+    topic = settings_of(args, env).topic("actions")
+    print(f"  producing {len(payloads):,} payloads to {topic} ...")
+    start = time.perf_counter()
+    await produce(args.bootstrap, topic, payloads)
+    return start
+
+
+async def accumulator_done(
+    client: httpx.AsyncClient, args: argparse.Namespace, prefix: str, payloads: int
+) -> float:
+    """Wait until every payload on the pipeline worker is acknowledged (what it produced,
+    then its table writes, are in the broker), and so is every summarize request it led
+    to; returns when.
+
+    Not when the last action is applied: the write-behind lets the accumulator run up
+    to 32 batches ahead of durability, and the summarize agent runs behind it (found:
+    with 4,000-record batches the accumulator "applied" twice as fast, at half the CPU
+    per action, while its durability and its summaries waited until after the window).
+    """
+    acked = "ac_records_acknowledged_total"
+    await wait_metric(
+        client, args.port, acked, payloads, "payloads durable", topic=prefix + "actions"
+    )
+    requests = await records_in(args.bootstrap, prefix + "summarize", args.partitions)
+    return await wait_metric(
+        client, args.port, acked, requests, "summarize requests done", topic=prefix + "summarize"
+    )
+
+
+async def bench_accumulate(
+    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
+) -> dict[str, float]:
+    """The pipeline worker alone on a backlog: actions/s and CPU per action, from the
+    backlog's first record to ``accumulator_done``."""
+    env, run_dir = await new_run(args)
+    workers = Workers(env, run_dir, args.port)
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            workers.start("agents.app", "pipeline", args.port)
+            await wait_healthy(client, [args.port])
+            cpu_start = workers.cpu_seconds()[0]
+            start = await offer_backlog(args, env, payloads)
+            done = await accumulator_done(client, args, env["AC_TOPIC_PREFIX"], len(payloads))
+            cpu = workers.cpu_seconds()[0] - cpu_start
+            rss = workers.peak_rss_mb()[0]
+    finally:
+        workers.stop()
+    return {
+        "rate": actions / (done - start),
+        "cpu_us_per_action": cpu * 1e6 / actions,
+        "rss_mb": rss,
+    }
+
+
+async def bench_pipeline(
+    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
+) -> dict[str, Any]:
+    env, run_dir = await new_run(args)
+    workers = Workers(env, run_dir, args.port)
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            workers.start("agents.app", "pipeline", args.port)
+            workers.start("sinks.app", "sink-null", args.port + 1, AC_SINK="null")
+            await wait_healthy(client, [args.port, args.port + 1])
+            cpu_start = workers.cpu_seconds()
+            workers.profile()
+            start = await offer_backlog(args, env, payloads)
+            t_accumulated = await accumulator_done(
+                client, args, env["AC_TOPIC_PREFIX"], len(payloads)
+            )
+            pipeline_cpu = workers.cpu_seconds()[0] - cpu_start[0]
+            t_applied = await wait_metric(
+                client,
+                args.port + 1,
+                "ac_sink_operations_total",
+                len(payloads),  # actions_written operations; summaries are counted apart
+                "batches applied at the null sink",
+                op="actions_written",
+            )
+            rss = workers.peak_rss_mb()
+            sink_cpu = workers.cpu_seconds()[1] - cpu_start[1]
+            workers.stop_profiles()
+    finally:
+        workers.stop()
+    kafka_data = Path(
+        os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / args.bootstrap.rsplit(":", 1)[1])
+    )
+    cl_bytes = changelog_bytes(kafka_data / "logs", env["AC_APP_ID"])
+    print("(a') a no-op Faust agent over the same topic ...")
+    floor = bench_faust_floor(env, len(payloads), actions, args.port + 5, "agent")
+    print("(a'') a no-op BatchSource over the same topic ...")
+    batch_floor = bench_faust_floor(env, len(payloads), actions, args.port + 6, "batch")
+    return {
+        "faust_floor_rate": floor,
+        "batch_floor_rate": batch_floor,
+        "accumulate_rate": actions / (t_accumulated - start),
+        "end_to_end_rate": actions / (t_applied - start),
+        "cpu_us_per_action": [pipeline_cpu * 1e6 / actions, sink_cpu * 1e6 / actions],
+        "rss_pipeline_mb": rss[0],
+        "rss_sink_mb": rss[1],
+        "changelog_bytes_per_action": cl_bytes / actions,
+        "actions_topic": env["AC_TOPIC_PREFIX"] + "actions",
+    }
+
+
+def print_accumulate_run(sdk_rate: float, transition_rate: float, ours: dict[str, float]) -> None:
+    cpu = ours["cpu_us_per_action"]
+    print(
+        f"accumulate alone: {ours['rate']:,.0f} actions/s, {cpu:.0f} us "
+        f"of CPU per action; in-process SDK {sdk_rate:,.0f} actions/s "
+        f"({1e6 / sdk_rate:.0f} us); c/b (accumulate only) = {ours['rate'] / sdk_rate:.2f}\n"
+        f"  of the worker's {cpu:.0f} us, the transition itself is {1e6 / transition_rate:.0f}; "
+        f"the other {cpu - 1e6 / transition_rate:.0f} are the Kafka clients, the write-behind "
+        f"and the summarize agent; the worker's peak RSS {ours['rss_mb']:,.0f} MiB",
+        flush=True,
+    )
+
+
+async def run_accumulate(
+    args: argparse.Namespace, payloads: list[dict[str, Any]], raw: list[bytes], actions: int
+) -> None:
+    """``--mode accumulate``: the pipeline worker alone, beside (b) and our transition alone."""
+    # The SDK once, first: measured again in this process after a run, it was
+    # a third slower each time (20,000-23,000 against 33,000 actions/s).
+    sdk_rate, _ = await bench_sdk(raw, actions, args.threshold)
+    transition_rate = bench_transition(raw, actions, args.threshold)
+    print(
+        f"our transition alone (no Kafka, no summarizer): {transition_rate:,.0f} actions/s "
+        f"({1e6 / transition_rate:.0f} us per action)"
+    )
+    for _ in range(args.repeat):
+        for loop in args.event_loop.split(","):  # alternated: runs minutes apart differ more
+            measure.LOOP = loop
+            ours = await bench_accumulate(args, payloads, actions)
+            print(f"event loop: {loop}")
+            print_accumulate_run(sdk_rate, transition_rate, ours)
