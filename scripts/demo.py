@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from agents.ingest.producer import ActionsProducer  # noqa: E402
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
 from scripts.demo_report import console, show_results  # noqa: E402
+from streams.app import worker_command  # noqa: E402
 from streams.settings import Settings  # noqa: E402
 from streams.topics import ensure_topics  # noqa: E402
 
@@ -57,18 +58,7 @@ class Worker:
 def start_worker(name: str, module: str, env: dict[str, str], port: int, run_dir: Path) -> Worker:
     log = run_dir / f"{name}.log"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "faust",
-            "-A",
-            module,
-            "worker",
-            "-l",
-            "info",
-            "--web-port",
-            str(port),
-        ],
+        worker_command(module, port),
         cwd=ROOT,
         env={**os.environ, **env, "AC_WEB_PORT": str(port)},
         stdout=log.open("wb"),

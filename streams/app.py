@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -28,7 +29,7 @@ from streams.observe import metrics, stalls
 from streams.settings import ConfigurationError, Settings
 from streams.topics import DEAD_LETTER_MAX_BYTES, ensure_topics
 
-__all__ = ["ContextApp", "create_app"]
+__all__ = ["ContextApp", "create_app", "worker_command"]
 
 log = logging.getLogger(__name__)
 
@@ -257,3 +258,10 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         web_port=settings.web_port,
         web_in_thread=False,
     )
+
+
+def worker_command(module: str, web_port: int, web_host: str = "127.0.0.1") -> list[str]:
+    """The command line of ``faust -A <module> worker``, as the demo, the bench and the
+    tests start it (``-l info``: at ``warn`` Faust's spinner logs a DEBUG record per message)."""
+    faust = [sys.executable, "-m", "faust", "-A", module, "worker", "-l", "info"]
+    return [*faust, "--web-port", str(web_port), "--web-host", web_host]

@@ -10,7 +10,8 @@ import time
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-from scripts.bench.measure import ROOT, faust_worker
+from scripts.bench.measure import ROOT
+from streams.app import worker_command
 from streams.settings import Settings
 
 
@@ -41,7 +42,7 @@ def bench_faust_floor(
     """A consumer doing nothing with the same topic (scripts/bench/floor.py):
     ``agent``, Faust's per-message delivery (a'); ``batch``, our BatchSource (a'')."""
     proc = subprocess.run(
-        faust_worker("scripts.bench.floor", port),
+        worker_command("scripts.bench.floor", port),
         cwd=ROOT,
         env={
             **os.environ,

@@ -16,27 +16,11 @@ from pathlib import Path
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams.app import worker_command
 from streams.settings import Settings
 from streams.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def faust_worker(module: str, port: int) -> list[str]:
-    """The command of a `faust worker` (``-l info``: ``-l warn`` leaves the root logger at
-    DEBUG under Faust's spinner, which costs a log record per message)."""
-    return [
-        sys.executable,
-        "-m",
-        "faust",
-        "-A",
-        module,
-        "worker",
-        "-l",
-        "info",
-        "--web-port",
-        str(port),
-    ]
 
 
 class Workers:
@@ -56,7 +40,7 @@ class Workers:
         log = self.run_dir / f"{name}.log"
         loop = {} if LOOP == "aio" else {"F_LOOP": LOOP}
         proc = subprocess.Popen(
-            faust_worker(module, port),
+            worker_command(module, port),
             cwd=ROOT,
             env={**os.environ, **self.env, **loop, **extra, "AC_WEB_PORT": str(port)},
             stdout=log.open("wb"),

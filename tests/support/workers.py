@@ -6,11 +6,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streams.app import worker_command
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,20 +60,7 @@ class Worker:
         env.pop("OPENAI_API_KEY", None)  # tests choose their LLM explicitly
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "faust",
-                "-A",
-                self.module,
-                "worker",
-                "-l",
-                "info",
-                "--web-port",
-                str(self.web_port),
-                "--web-host",
-                "127.0.0.1",
-            ],
+            worker_command(self.module, self.web_port),
             cwd=ROOT,
             env=env,
             stdout=self._log,
