@@ -49,6 +49,7 @@ FIELD_POLICY: dict[str, str] = {
     "email": "EMAIL",
 }
 _PAYLOAD_FIELDS = ("user_id", "email")
+_CACHED_CHARS = 512  # fields, not summaries: bounds the cache's memory to a few MiB
 _ACTION_FIELDS = tuple(FIELD_POLICY)
 
 # Query-string values whose names look sensitive are replaced whatever they hold.
@@ -130,7 +131,7 @@ class PiiFilter:
         """``text`` with every detection replaced by its placeholder (idempotent)."""
         if not text:
             return text
-        if not self._cache_size:
+        if not self._cache_size or len(text) > _CACHED_CHARS:
             hits: list[str] = []
             out = self._redact(text, session_key, policy, hits)
         elif (policy, text) in self._clean:  # nothing found: the same in every session
