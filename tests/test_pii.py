@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
-from agents.pii import PLACEHOLDER, PiiFilter, build_pii_filter
+from agents.pii import FIELD_POLICY, PLACEHOLDER, PiiFilter, build_pii_filter, detectors
 from agents.pii.presidio import presidio_detectors
 from agents.summarizer import build_prompt, default_format_actions
 from schemas import ActionsPayload
@@ -344,3 +344,50 @@ def test_ordinary_saas_text_is_unchanged(pii: PiiFilter) -> None:
             unchanged += all(getattr(before, f) == getattr(after, f) for f in fields)
     assert total >= 10_000
     assert unchanged / total >= 0.99, f"{total - unchanged} of {total} actions changed"
+
+
+# --- the fast path (cache, `in` gates, early exits) against the plain one ---------------
+
+_FAST = PiiFilter(key=KEY)  # shared across examples, so cached results are compared too
+_PLAIN = PiiFilter(key=KEY, _cache=0)
+
+
+def _plain(monkeypatch: pytest.MonkeyPatch, call: Any) -> Any:
+    with monkeypatch.context() as m:
+        m.setattr(detectors, "_GATED", False)
+        return call()
+
+
+@st.composite
+def field_texts(draw: st.DrawFn) -> str:
+    _kind, value = draw(pii_values())
+    noise = draw(st.text(alphabet=_ALNUM + " @.:-=?&%/_+<>", max_size=40))
+    template = draw(
+        st.sampled_from([*TEMPLATES, "{pii} {noise}", "https://a.io/x?q={pii}&n={noise}"])
+    )
+    return template.format(pii=value, noise=noise) if draw(st.booleans()) else noise
+
+
+def test_fast_path_is_exact_on_generated_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        field_texts(),
+        st.sampled_from(["s1", "s2"]),
+        st.sampled_from(list(set(FIELD_POLICY.values()))),
+    )
+    def check(text: str, session: str, policy: str) -> None:
+        for _ in range(2):  # the second call is served from the cache
+            fast = _FAST.redact_text(text, session, policy)
+            assert fast == _plain(monkeypatch, lambda: _PLAIN.redact_text(text, session, policy))
+
+    check()
+
+
+def test_fast_path_is_exact_on_synthetic_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    payloads = [
+        ActionsPayload.model_validate(raw)
+        for raw in interleaved_payloads(plan_sessions(40, mean_length=20, seed=5), seed=5)
+    ]
+    fast = [_FAST.redact([p], p.session_id)[0] for p in payloads]
+    plain = _plain(monkeypatch, lambda: [_PLAIN.redact([p], p.session_id)[0] for p in payloads])
+    assert fast == plain

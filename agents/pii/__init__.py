@@ -20,6 +20,7 @@ import hmac
 import logging
 import re
 import secrets as random_secrets
+from collections import OrderedDict
 from collections.abc import Iterable
 from urllib.parse import unquote, unquote_plus
 
@@ -48,6 +49,7 @@ FIELD_POLICY: dict[str, str] = {
     "email": "EMAIL",
 }
 _PAYLOAD_FIELDS = ("user_id", "email")
+_CACHED_CHARS = 512  # fields, not summaries: bounds the cache's memory to a few MiB
 _ACTION_FIELDS = tuple(FIELD_POLICY)
 
 # Query-string values whose names look sensitive are replaced whatever they hold.
@@ -66,12 +68,20 @@ class PiiFilter:
         llm: bool = True,
         destinations: bool = False,
         detectors: Iterable[tuple[str, Detector]] | None = None,
+        _cache: int = 4096,
     ) -> None:
         self._key = key
         self.llm = llm
         self.destinations = destinations
         default: list[tuple[str, Detector]] = [*BUILT_IN, ("PHONE", Phones("US"))]
         self._detectors = list(default if detectors is None else detectors)
+        # Titles and URLs repeat: a field's result per (session, policy, text), with the kinds
+        # it detected (replayed to the metric); 0 = the plain path (test_fast_path_is_exact_*).
+        self._cache_size = _cache
+        self._clean: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._redacted: OrderedDict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = (
+            OrderedDict()
+        )
 
     def placeholder(self, kind: str, value: str, session_key: str) -> str:
         message = f"{session_key}\x1f{kind}\x1f{value}".encode()
@@ -79,54 +89,86 @@ class PiiFilter:
         tag = "".join(_TAG_LETTERS[b % len(_TAG_LETTERS)] for b in digest[:6])
         return f"<{kind}_{tag}>"
 
-    def _detect(self, text: str, kind: str, detector: Detector, session_key: str) -> str:
+    def _detect(
+        self, text: str, kind: str, detector: Detector, session_key: str, hits: list[str]
+    ) -> str:
+        found = list(detector(text))
+        if not found:  # most fields: no placeholder scan, no sort
+            return text
         taken = [(m.start(), m.end()) for m in PLACEHOLDER.finditer(text)]
         spans: list[Span] = []
-        for start, end, value in sorted(detector(text), key=lambda s: (s[0], -s[1])):
+        for start, end, value in sorted(found, key=lambda s: (s[0], -s[1])):
             if start < end and not any(start < b and a < end for a, b in taken):
                 spans.append((start, end, value))
                 taken.append((start, end))
         for start, end, value in reversed(spans):
-            metrics.PII_DETECTIONS.labels(kind).inc()
+            hits.append(kind)
             text = text[:start] + self.placeholder(kind, value, session_key) + text[end:]
         return text
 
-    def _query_values(self, text: str, session_key: str) -> str:
+    def _query_values(self, text: str, session_key: str, hits: list[str]) -> str:
         def replace(m: re.Match[str]) -> str:
             name, value = m.group(1), m.group(2)
             if not value or PLACEHOLDER.search(value):
                 return m.group(0)
             decoded = unquote_plus(value)
-            redacted = self._detectors_on(decoded, session_key)
+            redacted = self._detectors_on(decoded, session_key, hits)
             if redacted != decoded:
                 return f"{name}={redacted}"
             if _SENSITIVE_NAME.search(unquote(name)):
-                metrics.PII_DETECTIONS.labels("TOKEN").inc()
+                hits.append("TOKEN")
                 return f"{name}={self.placeholder('TOKEN', decoded, session_key)}"
             return m.group(0)
 
         return _QUERY.sub(replace, text) if "=" in text else text
 
-    def _detectors_on(self, text: str, session_key: str) -> str:
+    def _detectors_on(self, text: str, session_key: str, hits: list[str]) -> str:
         for kind, detector in self._detectors:
-            text = self._detect(text, kind, detector, session_key)
+            text = self._detect(text, kind, detector, session_key, hits)
         return text
 
     def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:
         """``text`` with every detection replaced by its placeholder (idempotent)."""
         if not text:
             return text
+        if not self._cache_size or len(text) > _CACHED_CHARS:
+            hits: list[str] = []
+            out = self._redact(text, session_key, policy, hits)
+        elif (policy, text) in self._clean:  # nothing found: the same in every session
+            self._clean.move_to_end((policy, text))
+            return text
+        elif (key := (session_key, policy, text)) in self._redacted:
+            self._redacted.move_to_end(key)
+            out, found = self._redacted[key]
+            hits = list(found)
+        else:
+            hits = []
+            out = self._redact(text, session_key, policy, hits)
+            if out == text and not hits:
+                self._clean[policy, text] = None
+                if len(self._clean) > self._cache_size:
+                    self._clean.popitem(last=False)
+            else:
+                self._redacted[key] = (out, tuple(hits))
+                if len(self._redacted) > self._cache_size:
+                    self._redacted.popitem(last=False)
+        for kind in hits:
+            metrics.PII_DETECTIONS.labels(kind).inc()
+        return out
+
+    def _redact(self, text: str, session_key: str, policy: str, hits: list[str]) -> str:
         if policy not in ("text", "url"):
             if PLACEHOLDER.fullmatch(text):
                 return text
-            metrics.PII_DETECTIONS.labels(policy).inc()
+            hits.append(policy)
             return self.placeholder(policy, text.strip().lower(), session_key)
         if policy == "url" and "%" in text:
             decoded = unquote(text)  # an email in a path is often percent-encoded
-            redacted = self.redact_text(decoded, session_key)
+            redacted = self._redact(decoded, session_key, "text", hits)
             if redacted != decoded:
                 return redacted
-        return self._detectors_on(self._query_values(text, session_key), session_key)
+        text = self._query_values(text, session_key, hits)
+        return self._detectors_on(text, session_key, hits)
 
     def redact(self, payloads: list[ActionsPayload], session_key: str) -> list[ActionsPayload]:
         """New payloads with every field of :data:`FIELD_POLICY` filtered."""

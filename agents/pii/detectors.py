@@ -17,6 +17,9 @@ __all__ = ["BUILT_IN", "Detector", "Span", "regex_detector"]
 
 Span = tuple[int, int, str]
 Detector = Callable[[str], Iterator[Span]]
+# The `in` checks below skip scans that cannot match; False runs every scan, for
+# test_fast_path_is_exact_* which compares both paths.
+_GATED = True
 
 # Every character RFC 5322 allows in a local part: "/users/ann@x.io" in a path is
 # redacted whole, the price of never leaving "ann/b" of "ann/b@x.io" behind.
@@ -27,6 +30,8 @@ _EMAIL = re.compile(
 
 
 def emails(text: str) -> Iterator[Span]:
+    if _GATED and "@" not in text:  # a character every match holds: `in` beats the scan
+        return
     for m in _EMAIL.finditer(text):
         local = m.group(0)[: m.start(1) - m.start() - 1]
         if len(local) <= 64 and len(m.group(0)) <= 254:
@@ -94,7 +99,9 @@ _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|:)?
 
 
 def ip_addresses(text: str) -> Iterator[Span]:
-    for pattern in (_IPV4, _IPV6):
+    for pattern, needed in ((_IPV4, "."), (_IPV6, ":")):
+        if _GATED and needed not in text:
+            continue
         for m in pattern.finditer(text):
             try:
                 address = ipaddress.ip_address(m.group(0))
@@ -108,6 +115,8 @@ _SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?
 
 
 def ssns(text: str) -> Iterator[Span]:
+    if _GATED and "-" not in text:
+        return
     for m in _SSN.finditer(text):
         yield m.start(), m.end(), m.group(0)
 
@@ -128,7 +137,7 @@ _ASSIGNED = re.compile(
 
 
 def secrets(text: str) -> Iterator[Span]:
-    for pattern in (_JWT, _API_KEY):
+    for pattern in (_JWT, _API_KEY) if "eyJ" in text or not _GATED else (_API_KEY,):
         for m in pattern.finditer(text):
             yield m.start(), m.end(), m.group(0)
     for pattern in (_BEARER, _ASSIGNED):
