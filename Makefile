@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`.
-.PHONY: setup broker demo test lint stop
+.PHONY: setup broker demo test test-unit lint stop
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -20,6 +20,10 @@ lint: setup
 # engine answers, else scripts/kafka.sh (see tests/support/broker.py).
 test: setup
 	.venv/bin/python -m pytest
+
+# No broker needed: models, pure state, plug-ins and loopback fakes (about a minute).
+test-unit: setup
+	.venv/bin/python -m pytest tests/unit
 
 stop:
 	@bash scripts/kafka.sh stop

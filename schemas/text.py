@@ -6,7 +6,7 @@ an invisible instruction to the renderer; here it becomes a visible escape
 (``\\x1b``, ``\\u202e``), so what the agent reads is what the user typed.
 ``one_line`` also escapes newlines, so a field can never start a line of its own
 (a description holding "\\n[99] click: ..." cannot pose as another action).
-tests/test_schemas.py::test_control_and_bidi_characters_are_escaped proves it.
+tests/unit/test_schemas.py::test_control_and_bidi_characters_are_escaped proves it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import re
 __all__ = ["PII_PLACEHOLDER", "one_line", "printable"]
 
 # What the PII filter (agents/pii) puts where a value was: <KIND_tag>. Sinks count
-# redactions with it without importing agents (tests/test_pii.py).
+# redactions with it without importing agents (tests/unit/test_pii.py).
 PII_PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*_[a-z]{6}>")
 
 _CONTROLS = [*range(0x20), 0x7F, *range(0x80, 0xA0)]

@@ -35,7 +35,7 @@ from tests.support.kafka_io import delete_topics_at_the_end
 from tests.support.pipeline import Pipeline, settings_from
 from tests.support.waiting import wait_for
 from tests.support.workers import Worker, unique_env
-from tests.test_view import chrome
+from tests.integration.test_view import chrome
 
 TOKEN = "bench-view-token"
 SID = "bench-view-1"

@@ -22,7 +22,7 @@ else
   echo "[setup] .venv is up to date"
 fi
 
-# The session view's browser test (tests/test_view.py) drives a headless Chromium.
+# The session view's browser test (tests/integration/test_view.py) drives a headless Chromium.
 # Debian's packages, installed when missing and apt-get can (as root, or sudo
 # without a password); otherwise that test skips and says why.
 if ! command -v chromedriver >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then

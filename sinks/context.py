@@ -71,7 +71,7 @@ class SessionContext(BaseModel):
         generation's operations apply at once; the old generation's late ones (its
         rolling and final summaries, still in the LLM when the session came back)
         apply to ``previous``. A generation older than that is skipped.
-        tests/test_context.py and tests/test_fidelity.py prove it.
+        tests/unit/test_context.py and tests/integration/test_fidelity.py prove it.
         """
         if op.generation < self.generation:
             if self.previous is None or op.generation != self.previous.generation:

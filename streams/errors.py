@@ -17,7 +17,7 @@ class ConfigurationError(AgentContextError):
 @contextmanager
 def stop_on_configuration_error() -> Iterator[None]:
     """For entry points (worker modules, scripts): a :class:`ConfigurationError` ends the
-    process with its message and exit code 1, no traceback (tests/test_pipeline.py)."""
+    process with its message and exit code 1, no traceback (tests/integration/test_pipeline.py)."""
     try:
         yield
     except ConfigurationError as exc:

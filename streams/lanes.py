@@ -152,7 +152,7 @@ class InOrderAcks:
     """Acknowledge each partition's events in offset order, whatever order lanes finish in.
 
     Faust's commit can pass an unacknowledged offset (docs/decisions.md); a gap-free
-    acked list keeps it behind work in flight (tests/test_reliability.py).
+    acked list keeps it behind work in flight (tests/integration/test_reliability.py).
 
     ``track`` every message in the order its source yields it (offset order per
     partition), then call ``done`` when its work is finished (or skipped); the

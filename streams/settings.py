@@ -169,7 +169,7 @@ class Settings(BaseSettings):
     @classmethod
     def _a_readable_file(cls, value: Path | None) -> Path | None:
         # Read at start-up, not at the first summary: a typo stops the worker with
-        # this line instead of a traceback (tests/test_pipeline.py, bad configuration).
+        # this line instead of a traceback (tests/integration/test_pipeline.py, bad configuration).
         if value is not None:
             try:
                 value.read_text(encoding="utf-8")
@@ -267,7 +267,7 @@ def _parse_pii_patterns(value: str) -> list[tuple[str, re.Pattern[str]]]:
 def from_environment(cls: type[S], prefix: str = "AC_") -> S:
     """Read ``cls`` from the environment, or stop with one line per bad value, naming
     the variable: ``invalid setting AC_THRESHOLD: must be >= 1 ...``. The one place
-    settings errors are worded (tests/test_cli.py checks the line)."""
+    settings errors are worded (tests/integration/test_cli.py checks the line)."""
     try:
         return cls()
     except ValidationError as exc:

@@ -107,7 +107,7 @@ def owned_partitions(app: faust.App, topic: faust.TopicT) -> set[int]:
     """The partitions of ``topic`` this worker is assigned now (empty while starting).
 
     An in-memory store keeps entries of partitions revoked since, so timers skip
-    keys whose partition is not here (tests/test_reliability.py).
+    keys whose partition is not here (tests/integration/test_reliability.py).
     """
     name = topic.get_topic_name()
     try:

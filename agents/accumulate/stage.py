@@ -150,7 +150,7 @@ class Accumulator:
             raw = state.to_bytes()
             if too_large := oversized(raw, out):
                 # An operation or state entry over the broker's limit made the send raise
-                # (tests/test_reliability.py): dead-lettered, nothing of it stored.
+                # (tests/integration/test_reliability.py): dead-lettered, nothing of it stored.
                 store.discard()
                 await dead_letters.write(message, too_large)
                 continue
@@ -205,7 +205,7 @@ class Accumulator:
         now = time.time()
         idle = []
         # Outside the pacer's clock: the log-end lookup waits on the broker, and on a busy
-        # loop that wait put the next scan 9x as far off (tests/test_fidelity.py, "gap-long").
+        # loop that wait put the next scan 9x as far off (tests/integration/test_fidelity.py, "gap-long").
         readable = await self.source.caught_up()
         with self.pacer.scanning():
             async for sid, raw in session_items(self.sessions, readable):

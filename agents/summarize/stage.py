@@ -212,7 +212,7 @@ class SummarizeStage:
 
     async def forget_closed(self) -> None:
         """Timer: closed records go, and only on partitions read to their end: no
-        replay of their final request can still come (tests/test_fidelity.py)."""
+        replay of their final request can still come (tests/integration/test_fidelity.py)."""
         horizon = time.time() - self.settings.idle_timeout_s
 
         def expired(raw: bytes | None) -> bool:

@@ -37,7 +37,7 @@ class SummaryState(JsonRecord):
     is kept as a small ``closed`` record, so a replay of that final (a crash
     before its offset was committed) is skipped instead of starting from
     nothing; only closed records expire (``summarize.forget_closed``).
-    tests/test_fidelity.py proves it.
+    tests/integration/test_fidelity.py proves it.
     """
 
     generation: int

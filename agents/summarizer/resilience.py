@@ -44,7 +44,7 @@ class FailureLog:
     """A WARNING for each failed LLM call, naming the session, the attempt and the reason;
     but at most one line per ``every_s`` for each kind of failure, which says how many
     it stands for: an outage's retry storm stays a line every few seconds, not thousands
-    (tests/test_llm.py::test_each_llm_failure_is_logged_once_and_storms_are_summarised).
+    (tests/unit/test_llm.py::test_each_llm_failure_is_logged_once_and_storms_are_summarised).
     """
 
     def __init__(self, every_s: float = FAILURE_LOG_EVERY_S) -> None:

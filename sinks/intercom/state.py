@@ -76,7 +76,7 @@ def load(context: SessionContext) -> IntercomState:
         # The session came back after it expired: a new incarnation numbered from 1.
         # Its notes so far stay in the conversation; until the old generation's final
         # summary is up (it may still be in the LLM) they are remembered, so that
-        # summary can retire them (tests/test_intercom.py: ..._late_final_summary...).
+        # summary can retire them (tests/integration/test_intercom.py: ..._late_final_summary...).
         state = state.model_copy(
             update={
                 "generation": context.generation,

@@ -4,7 +4,7 @@ Every sink worker serves the pull view (``/sessions/{id}/context``) and its
 ``/metrics``; the view asks the workers named in ``AC_VIEW_METRICS_URLS`` for both
 and compares their generation, actions and summaries with its own context.
 Retries and refusals are the worker's counters (Prometheus keeps no per-session
-figures). tests/test_view.py::test_delivery_compares_each_sink_with_the_view proves it.
+figures). tests/integration/test_view.py::test_delivery_compares_each_sink_with_the_view proves it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ latency, dead letters by reason, read from the workers' own ``/metrics``.
 
 The view worker scrapes the workers named in ``AC_VIEW_METRICS_URLS`` (and itself)
 when the list page is rendered; a worker that does not answer is named, not hidden.
-tests/test_view.py::test_the_operator_strip_reads_the_workers_metrics proves it.
+tests/integration/test_view.py::test_the_operator_strip_reads_the_workers_metrics proves it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The modules here copy or override private methods of faust-streaming 0.15 (the
 patches in ``divert``, the consumer, the stores); nothing outside this package
-touches Faust's internals (tests/test_architecture.py, ``lint-imports``).
+touches Faust's internals (tests/unit/test_architecture.py, ``lint-imports``).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ class BatchSource:
 
         A session's state is current only there. Elsewhere its next records may
         still wait in the log: on a worker restarted onto a backlog, or one whose
-        partitions stayed paused through a long recovery (tests/test_fidelity.py).
+        partitions stayed paused through a long recovery (tests/integration/test_fidelity.py).
         The previous call's log end, not this one's: under steady traffic a
         partition is never read to its end of the moment (records are always in
         flight), but it is read, milliseconds later, to where it ended a scan ago.

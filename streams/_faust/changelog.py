@@ -11,7 +11,7 @@ caused the write be committed, then calls :func:`confirm` so that a RocksDB
 store notes what it holds (as Faust's changelog callback would).
 
 A store that only holds acknowledged records is a prefix of the changelog, which
-recovery makes whole (tests/test_rocksdb_store.py; docs/decisions.md). Until then
+recovery makes whole (tests/unit/test_rocksdb_store.py; docs/decisions.md). Until then
 readers see pending values through ``streams._faust.write_behind``'s overlay.
 """
 

@@ -37,7 +37,7 @@ Rank = Callable[[str, "bytes | None"], int]
 
 def session_rank(key: str, value: bytes | None) -> int:
     """A session-keyed table's order: its batch entries, the session entry that refers
-    to them, then deletions of batch entries (tests/test_pipeline.py, kill -9)."""
+    to them, then deletions of batch entries (tests/integration/test_pipeline.py, kill -9)."""
     if KEY_SEPARATOR in key:
         return 0 if value is not None else 2
     return 1

@@ -11,7 +11,7 @@ diversion of topics whose records skip Faust's per-message delivery (:func:`dive
    beginning, as ``auto_offset_reset="earliest"`` prescribes.
 
 Each of the three lost records silently (docs/decisions.md, "Faust's seeks");
-tests/test_reliability.py and tests/test_faust_patches.py prove them.
+tests/integration/test_reliability.py and tests/unit/test_faust_patches.py prove them.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ class RawTable(faust.Table):
     """A table whose changelog holds the raw key and value bytes.
 
     Faust ignores ``schema=`` when writing a changelog; raw both ways keeps a key's
-    bytes, and so its partition, those of the topics (tests/test_reliability.py).
+    bytes, and so its partition, those of the topics (tests/integration/test_reliability.py).
     """
 
     def _serializer_from_type(self, typ: Any) -> str:
@@ -41,7 +41,7 @@ class RawTable(faust.Table):
 
         Needs no producer metadata (a just-created changelog has none, and Faust's
         write then raised), and is the session's partition in every topic
-        (tests/test_reliability.py).
+        (tests/integration/test_reliability.py).
         """
         return partition_of(key, int(self.partitions or self.app.conf.topic_partitions))
 

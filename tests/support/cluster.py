@@ -1,6 +1,6 @@
 """Workers that can be killed and restarted, a broker of a test's own, and /metrics.
 
-Used by ``tests/test_reliability.py`` and ``scripts/chaos.py``.
+Used by ``tests/integration/test_reliability.py`` and ``scripts/chaos.py``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from tests.support.kafka_io import read_topic, uncommitted
 from tests.support.pipeline import Pipeline, produce, pull_view
 from tests.support.waiting import wait_for
 from tests.support.workers import Worker
-from tests.test_intercom import TOKEN, make_sink, markers, sink_env, summary, written
+from tests.integration.test_intercom import TOKEN, make_sink, markers, sink_env, summary, written
 
 THRESHOLD = 4
 RECORDER = "tests.support.plugins:RecordingSink"

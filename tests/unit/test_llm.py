@@ -511,7 +511,7 @@ NOT_CALLABLE = 42
 
 @pytest.mark.parametrize(
     "dotted",
-    ["tests.test_llm:echo_llm", "tests.test_llm.echo_llm", "tests.test_llm:callable_object"],
+    ["tests.unit.test_llm:echo_llm", "tests.unit.test_llm.echo_llm", "tests.unit.test_llm:callable_object"],
 )
 async def test_load_llm_callable(dotted: str) -> None:
     loaded = load_llm_callable(dotted)
@@ -522,10 +522,10 @@ async def test_load_llm_callable(dotted: str) -> None:
     ("dotted", "match"),
     [
         ("no_such_module_xyz:fn", "cannot import"),
-        ("tests.test_llm:missing", "not found"),
-        ("tests.test_llm:NOT_CALLABLE", "must be an async function"),
-        ("tests.test_llm:_AsyncCallable", "must be an async function"),
-        ("tests.test_llm:sync_llm", "must be async"),
+        ("tests.unit.test_llm:missing", "not found"),
+        ("tests.unit.test_llm:NOT_CALLABLE", "must be an async function"),
+        ("tests.unit.test_llm:_AsyncCallable", "must be an async function"),
+        ("tests.unit.test_llm:sync_llm", "must be async"),
         ("nodots", "must look like"),
     ],
 )
@@ -568,7 +568,7 @@ async def test_a_summarizer_closes_what_its_llm_holds(server: FakeOpenAIServer) 
     """The summarize stage's owner calls ``aclose()`` at shutdown: the LLM summarizer
     passes it on to its callable (the OpenAI client's HTTP pool); the offline one holds
     nothing."""
-    custom = build_summarizer(Settings(llm_callable="tests.test_llm:closable_llm"))
+    custom = build_summarizer(Settings(llm_callable="tests.unit.test_llm:closable_llm"))
     await custom.aclose()
     assert closable_llm.closed == 1
 

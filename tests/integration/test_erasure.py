@@ -17,7 +17,7 @@ from tests.support.kafka_io import read_topic
 from tests.support.pipeline import Pipeline, produce, pull_view
 from tests.support.waiting import wait_for
 from tests.support.workers import Worker
-from tests.test_intercom import sink_env
+from tests.integration.test_intercom import sink_env
 
 pytestmark = pytest.mark.kafka
 

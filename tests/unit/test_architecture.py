@@ -10,7 +10,7 @@ from pathlib import Path
 
 import faust
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FENCE = ROOT / "streams" / "_faust"
 # Faust's public API as these workers use it: the top level, its types and its web views.
 PUBLIC_FAUST = {"faust", "faust.types", "faust.web"}

@@ -32,7 +32,7 @@ from tests.fakes.loopback import LoopbackServer
 from tests.support.pipeline import Pipeline, produce
 from tests.support.view_server import ViewServer
 from tests.support.workers import FAST_REBALANCE, Worker
-from tests.test_access import listening_addresses
+from tests.integration.test_access import listening_addresses
 
 TOKEN = "view-token-for-tests"
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'

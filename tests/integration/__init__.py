@@ -1,0 +1,1 @@
+"""Tests against a real Kafka broker and real worker processes (marker ``kafka``)."""
