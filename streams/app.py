@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,7 +22,8 @@ import aiohttp.web
 import faust
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata
-from faust.types import ConsumerT
+from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
+from faust.types import ConsumerT, ProducerT
 
 from streams import faust_patches, metrics, stalls
 from streams.appender import Appender
@@ -89,6 +90,11 @@ class ContextApp(faust.App):
         if not self.settings.consumer_thread:
             cast(Any, self.transport).Consumer = MainLoopConsumer
         return super()._new_consumer()
+
+    def _new_producer(self) -> ProducerT:
+        """Faust's producer, idempotent: a batch retried after a broker failover is written
+        once (tests/cluster/test_cluster_chaos.py)."""
+        return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
 
     def _aiokafka_producer(self) -> AIOKafkaProducer:
         return cast(AIOKafkaProducer, cast(Any, self.producer)._ensure_producer())
@@ -217,8 +223,15 @@ class ContextApp(faust.App):
         stalls.time_gc_pauses()
         self.add_future(stalls.watch_event_loop())
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
-        await ensure_topics(self.settings, self.own_topics)
+        changelogs = [table.changelog_topic.get_topic_name() for table in self.tables.values()]
+        if replication := await ensure_topics(self.settings, self.own_topics, changelogs):
+            self.conf.topic_replication_factor = replication.factor
         await super().on_first_start()
+
+
+class IdempotentProducer(AiokafkaProducer):
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "enable_idempotence": True}
 
 
 def _calm_the_garbage_collector() -> None:
@@ -264,7 +277,7 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         store=settings.store,
         datadir=str(settings.data_dir / role),
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor or 1,  # ensure_topics decides
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,
