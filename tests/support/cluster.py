@@ -143,17 +143,23 @@ class Cluster:
         return worker.start()
 
     def sink(self, spec: str, *, record_file: Path | None = None, **env: str) -> ManagedWorker:
+        """A sink worker; the second and later ones of a sink get their own data directory
+        and log (they share its consumer group and record file)."""
         short = spec.rsplit(":", 1)[-1].lower()
+        n = sum(1 for w in self.workers if w.env.get("AC_SINK") == spec)
+        name = f"sink-{short}" + (f"-{n}" if n else "")
+        extra = {} if n == 0 else {"AC_DATA_DIR": str(self.workdir / f"data-{name}")}
         worker = ManagedWorker(
             "sinks.app",
             {
                 **self.env,
+                **extra,
                 "AC_SINK": spec,
                 "AC_RECORD_FILE": str(record_file or self.record_file),
                 **env,
             },
-            self.workdir / f"sink-{short}.log",
-            name=f"sink-{short}",
+            self.workdir / f"{name}.log",
+            name=name,
         )
         self.workers.append(worker)
         return worker.start()
@@ -271,6 +277,22 @@ def _two_free_ports() -> int:
     raise RuntimeError("no two adjacent free ports")
 
 
+def kill_pidfile(pidfile: Path) -> None:
+    """SIGKILL the broker ``kafka.sh`` started with this pid file, and wait until it is gone."""
+    if pidfile.exists():
+        pid = int(pidfile.read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        pidfile.unlink(missing_ok=True)
+
+
 @dataclass
 class SeparateBroker:
     """A broker of the test's own (port, data dir), so restarting it disturbs nobody."""
@@ -302,19 +324,7 @@ class SeparateBroker:
 
     def kill(self) -> None:
         """SIGKILL the broker (no clean shutdown)."""
-        pidfile = self.data_dir / "broker.pid"
-        if pidfile.exists():
-            pid = int(pidfile.read_text())
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
-            pidfile.unlink(missing_ok=True)
+        kill_pidfile(self.data_dir / "broker.pid")
 
     async def restart(self, *, down_s: float = 2.0, hard: bool = False) -> None:
         await asyncio.to_thread(self.kill if hard else self.stop)
