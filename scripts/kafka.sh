@@ -83,7 +83,8 @@ write_config() {
     for ((i = 1; i <= brokers; i++)); do
       voters+="${voters:+,}$i@127.0.0.1:$((base_port + 2 * (i - 1) + 1))"
     done
-    quorum="controller.quorum.voters=$voters"
+    quorum="controller.quorum.voters=$voters
+offsets.topic.num.partitions=10"  # not 50: fewer partitions to move on every restart
   fi
   cat >"$data/server.properties" <<PROPS
 process.roles=broker,controller
@@ -142,9 +143,11 @@ launch() {
   write_config
   format_storage
   : >"$logfile"
-  local heap=${KAFKA_HEAP:-512m} xms=256m
-  if ((brokers > 1)); then heap=${KAFKA_HEAP:-384m} xms=128m; fi
-  nohup java -Xms$xms -Xmx"$heap" -XX:+UseG1GC \
+  local heap=${KAFKA_HEAP:-512m} jvm=(-Xms256m -XX:+UseG1GC)
+  # Cluster nodes restart often (the chaos tests): C1 alone and the serial collector
+  # start them with less CPU on a small machine.
+  if ((brokers > 1)); then heap=${KAFKA_HEAP:-384m} jvm=(-Xms128m -XX:+UseSerialGC -XX:TieredStopAtLevel=1); fi
+  nohup java "${jvm[@]}" -Xmx"$heap" \
     -cp "$lib/*" kafka.Kafka "$data/server.properties" >>"$logfile" 2>&1 &
   echo $! >"$pidfile"
 }
