@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import logging
 import random
 import shutil
@@ -41,14 +40,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from streams.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
 from tests.support.broker_cluster import (  # noqa: E402
     BrokerCluster,
@@ -62,6 +58,7 @@ from tests.support.cluster import (  # noqa: E402
     Cluster,
     ManagedWorker,
     SeparateBroker,
+    endless_stream,
     reliability_env,
 )
 from tests.support.invariants import (  # noqa: E402
@@ -83,15 +80,6 @@ MAX_PER_BATCH = 500
 
 def say(message: str, started: float) -> None:
     print(f"[chaos {time.monotonic() - started:6.1f}s] {message}", flush=True)
-
-
-def endless_stream(seed: int, wave_sessions: int) -> Iterator[dict[str, Any]]:
-    """Waves of new sessions, each wave's sessions interleaved, forever."""
-    for wave in itertools.count():
-        plans = plan_sessions(
-            wave_sessions, mean_length=30, seed=seed * 1000 + wave, prefix=f"w{wave}"
-        )
-        yield from interleaved_payloads(plans, seed=seed * 1000 + wave)
 
 
 async def cluster_fault(

@@ -6,7 +6,7 @@ The faults are those of ``scripts/chaos.py --cluster`` (tests/support/broker_clu
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import time
 from collections.abc import Callable
 
@@ -22,27 +22,37 @@ from tests.support.broker_cluster import (
     rolling_restart,
     scale_workers,
 )
-from tests.support.cluster import RECORDER, Cluster, ManagedWorker, metric, scrape
+from tests.support.cluster import (
+    RECORDER,
+    Cluster,
+    ManagedWorker,
+    endless_stream,
+    metric,
+    scrape,
+)
 from tests.support.kafka_io import StreamProducer, read_topic, settings_for
 from tests.support.waiting import wait_for
-from tests.test_reliability import llm_env, seed, settle, stream
+from tests.test_reliability import llm_env, seed, settle
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
 THRESHOLD = 8
 
 
-async def started_stream(cluster: Cluster, sessions: int, rate: float = 30) -> StreamProducer:
-    """The workers ready and a stream running long enough for the fault to land mid-stream."""
+async def started_stream(cluster: Cluster, rate: float = 30) -> StreamProducer:
+    """The workers ready and a stream of waves of sessions running until ``finish``, so the
+    fault lands mid-stream however long it takes."""
     await cluster.ready()
-    payloads = iter(stream(sessions, 25, seed()))
+    payloads = endless_stream(seed(), wave_sessions=20)
     producer = await StreamProducer(cluster.env, payloads, rate=rate).start()
     await wait_for(lambda: len(cluster.records()) >= 20, timeout=60, message="nothing delivered")
     return producer
 
 
 async def finish(cluster: Cluster, producer: StreamProducer) -> None:
-    await producer.wait()
+    """Stop the stream; the invariant holds once everything produced is delivered."""
+    assert not producer.done, "the stream stopped before the fault ended"
+    await producer.stop()
     await settle(cluster, THRESHOLD, timeout=180)
     assert not await read_topic(cluster.env, "dead-letters")
 
@@ -82,7 +92,7 @@ async def test_the_busiest_partitions_leader_killed_mid_stream_and_back(
     async with FakeOpenAIServer(latency_s=0.02) as llm:
         cluster = make_cluster(**llm_env(llm, THRESHOLD))
         cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
-        producer = await started_stream(cluster, 40)
+        producer = await started_stream(cluster)
         node = await kill_busiest_leader(brokers, cluster.env, down_s=5)
         print(f"[cluster] node {node} (leader of the busiest partition) killed and back")
         await finish(cluster, producer)
@@ -94,7 +104,7 @@ async def test_a_rolling_restart_of_all_three_brokers_while_the_stream_runs(
     async with FakeOpenAIServer(latency_s=0.02) as llm:
         cluster = make_cluster(**llm_env(llm, THRESHOLD))
         cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
-        producer = await started_stream(cluster, 120, rate=25)
+        producer = await started_stream(cluster, rate=25)
         began = time.monotonic()
         await rolling_restart(brokers, cluster.env)
         print(f"[cluster] rolling restart of 3 nodes in {time.monotonic() - began:.0f}s")
@@ -107,11 +117,15 @@ async def test_a_broker_down_past_the_session_timeout_with_workers_killed(
     async with FakeOpenAIServer(latency_s=0.02) as llm:
         cluster = make_cluster(**llm_env(llm, THRESHOLD))
         pipeline, _, recorder = cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
-        producer = await started_stream(cluster, 60)
+        producer = await started_stream(cluster)
         # The session timeout is 6 s (FAST_REBALANCE): the node stays down 15.
         node = await broker_down_with_workers(brokers, cluster.env, [pipeline, recorder], 15)
         print(f"[cluster] node {node} down 15s while the pipeline and recorder were killed")
         await finish(cluster, producer)
+
+
+def has_records(cluster: Cluster, count: int) -> bool:
+    return len(cluster.records()) >= count
 
 
 async def first_applied(worker: ManagedWorker) -> bool:
@@ -129,21 +143,22 @@ async def test_workers_scaled_up_and_down_while_the_stream_runs(
     async with FakeOpenAIServer(latency_s=0.02) as llm:
         cluster = make_cluster(**llm_env(llm, THRESHOLD))
         cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
-        producer = await started_stream(cluster, 120, rate=25)
+        producer = await started_stream(cluster, rate=25)
         for pipelines, sinks in ((2, 2), (3, 2), (1, 1)):
             began = time.monotonic()
             joined = await scale_workers(cluster, pipelines, sinks, RECORDER)
-            ready = time.monotonic() - began
+            ready = time.monotonic()
             for worker in joined:
                 await wait_for(
-                    lambda w=worker: first_applied(w),  # type: ignore[misc]
+                    functools.partial(first_applied, worker),
                     timeout=90,
                     interval=0.2,
                     message=f"{worker.name} applied nothing",
                 )
                 print(
-                    f"[cluster] {worker.name} joined: ready {ready:.1f}s, first applied "
-                    f"operation {time.monotonic() - began:.1f}s after its start"
+                    f"[cluster] {worker.name} joined: ready {ready - began:.1f}s after its "
+                    f"start, first applied operation {time.monotonic() - ready:.1f}s after that"
                 )
-            await asyncio.sleep(3)  # pacing: the stream runs a while at this size
+            more = functools.partial(has_records, cluster, len(cluster.records()) + 100)
+            await wait_for(more, timeout=60, message="the stream stalled")  # a while at this size
         await finish(cluster, producer)

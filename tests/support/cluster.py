@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 import httpx
 import orjson
 
+from streams.synthetic import interleaved_payloads, plan_sessions
 from tests.support.kafka_io import uncommitted
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, ROOT, Worker, free_port, unique_env
@@ -30,6 +32,7 @@ __all__ = [
     "Cluster",
     "ManagedWorker",
     "SeparateBroker",
+    "endless_stream",
     "health",
     "input_partitions",
     "metric",
@@ -51,6 +54,15 @@ def read_complete_records(path: Path) -> list[dict[str, Any]]:
     data = path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1]
     return [orjson.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+def endless_stream(seed: int, wave_sessions: int) -> Iterator[dict[str, Any]]:
+    """Waves of new sessions, each wave's sessions interleaved, until the producer stops."""
+    for wave in itertools.count():
+        plans = plan_sessions(
+            wave_sessions, mean_length=30, seed=seed * 1000 + wave, prefix=f"w{wave}"
+        )
+        yield from interleaved_payloads(plans, seed=seed * 1000 + wave)
 
 
 def reliability_env(bootstrap: str, workdir: Path, **overrides: str) -> dict[str, str]:
