@@ -5,6 +5,7 @@
 #   scripts/kafka.sh start    download (once), format storage (once), start, wait until ready
 #   scripts/kafka.sh stop     stop the broker started by this script
 #   scripts/kafka.sh status   print whether it runs
+#   scripts/kafka.sh config   print the broker's server.properties
 #
 # With --brokers N (N >= 2) the same commands run a cluster of N combined
 # controller+broker nodes on loopback: node i listens on KAFKA_CLUSTER_PORT + 2(i-1)
@@ -75,6 +76,12 @@ fetch_jars() {
 
 write_config() {
   mkdir -p "$data/logs"
+  properties >"$data/server.properties"
+}
+
+# The selected node's server.properties (docker-compose.yml's cluster profile sets the
+# same: tests/test_foundation.py compares them).
+properties() {
   local quorum="controller.quorum.bootstrap.servers=127.0.0.1:$controller_port"
   local rf=1 isr=1
   if ((brokers > 1)); then
@@ -86,7 +93,7 @@ write_config() {
     quorum="controller.quorum.voters=$voters
 offsets.topic.num.partitions=10"  # not 50: fewer partitions to move on every restart
   fi
-  cat >"$data/server.properties" <<PROPS
+  cat <<PROPS
 process.roles=broker,controller
 node.id=$node_id
 $quorum
@@ -196,5 +203,6 @@ case "$command" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status [--brokers N] [--node I]" >&2; exit 2 ;;
+  config) select_node "${only_node:-1}"; properties ;;
+  *) echo "usage: $0 start|stop|status|config [--brokers N] [--node I]" >&2; exit 2 ;;
 esac
