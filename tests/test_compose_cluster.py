@@ -54,7 +54,7 @@ def test_the_cluster_profile_brokers_are_configured_as_the_script_does(
     }
     voters = [v.split("@")[0] for v in script["controller.quorum.voters"].split(",")]
     assert voters == [v.split("@")[0] for v in compose["controller.quorum.voters"].split(",")]
-    heap = re.search(r'KAFKA_HEAP:-(\w+)}', KAFKA_SCRIPT.read_text().split("brokers > 1")[-1])
+    heap = re.search(r"KAFKA_HEAP:-(\w+)}", KAFKA_SCRIPT.read_text().split("brokers > 1")[-1])
     assert heap and f"-Xmx{heap.group(1)}" in service["environment"]["KAFKA_HEAP_OPTS"]
 
 
