@@ -46,13 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
-from tests.support.broker_cluster import (  # noqa: E402
-    BrokerCluster,
-    broker_down_with_workers,
-    kill_busiest_leader,
-    rolling_restart,
-    scale_workers,
-)
+from tests.support import broker_cluster as faults  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
     RECORDER,
     Cluster,
@@ -83,26 +77,26 @@ def say(message: str, started: float) -> None:
 
 
 async def cluster_fault(
-    rng: random.Random, brokers: BrokerCluster, cluster: Cluster, started: float
+    rng: random.Random, brokers: faults.BrokerCluster, cluster: Cluster, started: float
 ) -> str:
     """One of the cluster's faults, picked at random; returns what it was."""
     env = cluster.env
     kind = rng.choice(["leader", "rolling", "down+workers", "scale", "workers"])
     if kind == "leader":
-        node = await kill_busiest_leader(brokers, env, down_s=rng.uniform(2, 10))
+        node = await faults.kill_busiest_leader(brokers, env, down_s=rng.uniform(2, 10))
         return f"kill -9 busiest leader (node {node}), back and in sync"
     if kind == "rolling":
-        await rolling_restart(brokers, env)
+        await faults.rolling_restart(brokers, env)
         return "rolling restart of all nodes"
     running = [w for w in cluster.workers if not w.down]
     victims = rng.sample(running, rng.randint(1, len(running)))
     if kind == "down+workers":
         down_s = rng.uniform(12, 25)  # the session timeout is 6 s (FAST_REBALANCE)
-        node = await broker_down_with_workers(brokers, env, victims, down_s)
+        node = await faults.broker_down_with_workers(brokers, env, victims, down_s)
         return f"node {node} down {down_s:.0f}s, killed {[v.name for v in victims]}"
     if kind == "scale":
         pipelines, sinks = rng.randint(1, 3), rng.randint(1, 2)
-        await scale_workers(cluster, pipelines, sinks, RECORDER)
+        await faults.scale_workers(cluster, pipelines, sinks, RECORDER)
         return f"scaled to {pipelines} pipeline and {sinks} recorder workers"
     for victim in victims:
         victim.kill()
@@ -127,10 +121,10 @@ async def run(args: argparse.Namespace) -> int:
         broker = await asyncio.to_thread(SeparateBroker(workdir / "kafka").start)
         bootstrap = broker.bootstrap
 
-    brokers: BrokerCluster | None = None
+    brokers: faults.BrokerCluster | None = None
     stop_brokers = False
     if args.cluster:
-        brokers = BrokerCluster()
+        brokers = faults.BrokerCluster()
         bootstrap = brokers.bootstrap
         if not await asyncio.to_thread(brokers.running):
             say("starting the 3-broker cluster (scripts/kafka.sh start --brokers 3)", started)

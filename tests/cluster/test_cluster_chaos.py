@@ -6,9 +6,10 @@ The faults are those of ``scripts/chaos.py --cluster`` (tests/support/broker_clu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -39,22 +40,25 @@ pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 THRESHOLD = 8
 
 
-async def started_stream(cluster: Cluster, rate: float = 30) -> StreamProducer:
-    """The workers ready and a stream of waves of sessions running until ``finish``, so the
-    fault lands mid-stream however long it takes."""
-    await cluster.ready()
-    payloads = endless_stream(seed(), wave_sessions=20)
-    producer = await StreamProducer(cluster.env, payloads, rate=rate).start()
-    await wait_for(lambda: len(cluster.records()) >= 20, timeout=60, message="nothing delivered")
-    return producer
-
-
-async def finish(cluster: Cluster, producer: StreamProducer) -> None:
-    """Stop the stream; the invariant holds once everything produced is delivered."""
-    assert not producer.done, "the stream stopped before the fault ended"
-    await producer.stop()
-    await settle(cluster, THRESHOLD, timeout=180)
-    assert not await read_topic(cluster.env, "dead-letters")
+@contextlib.asynccontextmanager
+async def mid_stream(
+    make_cluster: Callable[..., Cluster], rate: float = 30
+) -> AsyncIterator[tuple[Cluster, list[ManagedWorker]]]:
+    """A pipeline, a files sink and a recorder, ready, and a stream of waves of sessions
+    running while the body (the fault) runs, however long it takes; then the stream
+    stops and the invariant must hold once everything produced is delivered."""
+    async with FakeOpenAIServer(latency_s=0.02) as llm:
+        cluster = make_cluster(**llm_env(llm, THRESHOLD))
+        workers = [cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)]
+        await cluster.ready()
+        payloads = endless_stream(seed(), wave_sessions=20)
+        producer = await StreamProducer(cluster.env, payloads, rate=rate).start()
+        await wait_for(lambda: len(cluster.records()) >= 20, timeout=60, message="no delivery")
+        yield cluster, workers
+        assert not producer.done, "the stream stopped before the fault ended"
+        await producer.stop()
+        await settle(cluster, THRESHOLD, timeout=180)
+        assert not await read_topic(cluster.env, "dead-letters")
 
 
 async def test_topics_and_changelogs_are_replicated_three_times_two_in_sync(
@@ -89,39 +93,27 @@ async def test_topics_and_changelogs_are_replicated_three_times_two_in_sync(
 async def test_the_busiest_partitions_leader_killed_mid_stream_and_back(
     make_cluster: Callable[..., Cluster], brokers: BrokerCluster
 ) -> None:
-    async with FakeOpenAIServer(latency_s=0.02) as llm:
-        cluster = make_cluster(**llm_env(llm, THRESHOLD))
-        cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
-        producer = await started_stream(cluster)
+    async with mid_stream(make_cluster) as (cluster, _):
         node = await kill_busiest_leader(brokers, cluster.env, down_s=5)
         print(f"[cluster] node {node} (leader of the busiest partition) killed and back")
-        await finish(cluster, producer)
 
 
 async def test_a_rolling_restart_of_all_three_brokers_while_the_stream_runs(
     make_cluster: Callable[..., Cluster], brokers: BrokerCluster
 ) -> None:
-    async with FakeOpenAIServer(latency_s=0.02) as llm:
-        cluster = make_cluster(**llm_env(llm, THRESHOLD))
-        cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
-        producer = await started_stream(cluster, rate=25)
+    async with mid_stream(make_cluster, rate=25) as (cluster, _):
         began = time.monotonic()
         await rolling_restart(brokers, cluster.env)
         print(f"[cluster] rolling restart of 3 nodes in {time.monotonic() - began:.0f}s")
-        await finish(cluster, producer)
 
 
 async def test_a_broker_down_past_the_session_timeout_with_workers_killed(
     make_cluster: Callable[..., Cluster], brokers: BrokerCluster
 ) -> None:
-    async with FakeOpenAIServer(latency_s=0.02) as llm:
-        cluster = make_cluster(**llm_env(llm, THRESHOLD))
-        pipeline, _, recorder = cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
-        producer = await started_stream(cluster)
+    async with mid_stream(make_cluster) as (cluster, (pipeline, _, recorder)):
         # The session timeout is 6 s (FAST_REBALANCE): the node stays down 15.
         node = await broker_down_with_workers(brokers, cluster.env, [pipeline, recorder], 15)
         print(f"[cluster] node {node} down 15s while the pipeline and recorder were killed")
-        await finish(cluster, producer)
 
 
 def has_records(cluster: Cluster, count: int) -> bool:
@@ -140,10 +132,7 @@ async def test_workers_scaled_up_and_down_while_the_stream_runs(
 ) -> None:
     """One, two, three pipeline workers and two recorder workers, then back down; prints
     how long a joining worker took from start to its first applied operation."""
-    async with FakeOpenAIServer(latency_s=0.02) as llm:
-        cluster = make_cluster(**llm_env(llm, THRESHOLD))
-        cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
-        producer = await started_stream(cluster, rate=25)
+    async with mid_stream(make_cluster, rate=25) as (cluster, _):
         for pipelines, sinks in ((2, 2), (3, 2), (1, 1)):
             began = time.monotonic()
             joined = await scale_workers(cluster, pipelines, sinks, RECORDER)
@@ -161,4 +150,3 @@ async def test_workers_scaled_up_and_down_while_the_stream_runs(
                 )
             more = functools.partial(has_records, cluster, len(cluster.records()) + 100)
             await wait_for(more, timeout=60, message="the stream stalled")  # a while at this size
-        await finish(cluster, producer)
