@@ -224,8 +224,7 @@ class ContextApp(faust.App):
         self.add_future(stalls.watch_event_loop())
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
         changelogs = [table.changelog_topic.get_topic_name() for table in self.tables.values()]
-        if replication := await ensure_topics(self.settings, self.own_topics, changelogs):
-            self.conf.topic_replication_factor = replication.factor
+        await ensure_topics(self.settings, self.own_topics, changelogs)
         await super().on_first_start()
 
 
@@ -277,7 +276,10 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         store=settings.store,
         datadir=str(settings.data_dir / role),
         topic_partitions=settings.partitions,
-        topic_replication_factor=settings.replication_factor or 1,  # ensure_topics decides
+        topic_replication_factor=1,
+        # ensure_topics creates every topic, changelogs included; Faust's creation asks one
+        # broker and failed while it was down (test_a_broker_down_past_the_session_timeout...).
+        topic_allow_declare=False,
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,

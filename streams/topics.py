@@ -105,11 +105,11 @@ class Replication:
 
 async def ensure_topics(
     settings: Settings, extra: Iterable[str] = (), changelogs: Iterable[str] = ()
-) -> Replication | None:
+) -> None:
     """Create the service's topics (and ``extra`` names, before the prefix; ``changelogs``,
     full names, compacted) if missing (auto-creation is off on our brokers), replicated as
     ``Replication.for_cluster`` says, and give an existing dead-letter topic the message
-    limit a new one gets. Returns the replication used, if anything was created."""
+    limit a new one gets."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
@@ -117,7 +117,6 @@ async def ensure_topics(
         wanted = {settings.topic(n): n for n in dict.fromkeys([*TOPIC_NAMES, *extra])}
         wanted.update({name: "" for name in changelogs})
         missing = [name for name in wanted if name not in existing]
-        replication = None
         if missing:
             brokers = len((await admin.describe_cluster())["brokers"])
             replication = Replication.for_cluster(settings, brokers)
@@ -129,7 +128,6 @@ async def ensure_topics(
                 pass  # a concurrent starter won the race
         if settings.topic(DEAD_LETTERS) in existing:
             await _raise_dead_letter_limit(admin, settings.topic(DEAD_LETTERS))
-        return replication
     finally:
         await admin.close()
 
