@@ -11,7 +11,9 @@ from typing import Any
 import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay
+from tenacity.wait import wait_random_exponential
 
 from streams.settings import ConfigurationError, Settings
 
@@ -109,7 +111,25 @@ async def ensure_topics(
     """Create the service's topics (and ``extra`` names, before the prefix; ``changelogs``,
     full names, compacted) if missing (auto-creation is off on our brokers), replicated as
     ``Replication.for_cluster`` says, and give an existing dead-letter topic the message
-    limit a new one gets."""
+    limit a new one gets.
+
+    The admin client asks a random broker of its metadata, which may be one that just
+    went down: retried for up to ``AC_BROKER_WAIT_S`` (test_a_broker_down_past_the_...)."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(KafkaError),
+        stop=stop_after_delay(settings.broker_wait_s),
+        wait=wait_random_exponential(multiplier=0.5, max=5),
+        before_sleep=lambda state: log.warning(
+            "creating topics failed (%s); retrying", state.outcome and state.outcome.exception()
+        ),
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            await _ensure_topics(settings, list(extra), list(changelogs))
+
+
+async def _ensure_topics(settings: Settings, extra: list[str], changelogs: list[str]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
