@@ -103,7 +103,7 @@ async def cluster_fault(
     await asyncio.sleep(rng.uniform(0.0, 2.0))
     for victim in victims:
         victim.start()
-    await cluster.ready(*victims)
+    await faults.cluster_ready(victims)
     return f"kill -9 {[v.name for v in victims]}"
 
 

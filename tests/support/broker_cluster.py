@@ -23,14 +23,19 @@ from tests.support.waiting import wait_for
 from tests.support.workers import ROOT
 
 __all__ = [
+    "RECOVERY_S",
     "BrokerCluster",
     "broker_down_with_workers",
+    "cluster_ready",
     "kill_busiest_leader",
     "rolling_restart",
     "scale_workers",
 ]
 
 BROKERS = 3
+# A restarted worker recovers its tables from the changelogs first: after a long soak,
+# on a loaded machine, that took over 90 s (the default wait).
+RECOVERY_S = 300.0
 BASE_PORT = int(os.environ.get("KAFKA_CLUSTER_PORT", "19092"))
 
 
@@ -170,11 +175,15 @@ async def broker_down_with_workers(
     started = time.monotonic()
     for worker in workers:
         worker.start()
-    await asyncio.gather(*(w.wait_ready(timeout=180) for w in workers))
+    await cluster_ready(workers)
     await asyncio.sleep(max(0.0, down_s - (time.monotonic() - started)))  # the outage
     await brokers.start(node)
     await brokers.wait_in_sync(env)
     return node
+
+
+async def cluster_ready(workers: list[ManagedWorker]) -> None:
+    await asyncio.gather(*(w.wait_ready(RECOVERY_S) for w in workers))
 
 
 async def scale_workers(
@@ -208,5 +217,5 @@ async def scale_workers(
             else:
                 started.append(cluster.sink(sink_spec))
     if started:
-        await cluster.ready(*started)
+        await cluster.ready(*started, timeout=RECOVERY_S)
     return started

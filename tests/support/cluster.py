@@ -176,8 +176,8 @@ class Cluster:
         self.workers.append(worker)
         return worker.start()
 
-    async def ready(self, *workers: ManagedWorker) -> None:
-        await asyncio.gather(*(w.wait_ready() for w in workers or self.workers))
+    async def ready(self, *workers: ManagedWorker, timeout: float = 90.0) -> None:
+        await asyncio.gather(*(w.wait_ready(timeout) for w in workers or self.workers))
 
     async def consumer_groups(self) -> list[tuple[str, tuple[str, ...]]] | None:
         """The consumer groups of the running workers with their input topics, the
