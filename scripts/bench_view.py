@@ -31,11 +31,11 @@ import typer
 from aiokafka import AIOKafkaProducer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.integration.test_view import chrome
 from tests.support.kafka_io import delete_topics_at_the_end
 from tests.support.pipeline import Pipeline, settings_from
 from tests.support.waiting import wait_for
 from tests.support.workers import Worker, unique_env
-from tests.integration.test_view import chrome
 
 TOKEN = "bench-view-token"
 SID = "bench-view-1"

@@ -3,12 +3,18 @@
 
     .venv/bin/python scripts/chaos.py --duration 300
     .venv/bin/python scripts/chaos.py --duration 600 --broker-restarts --seed 7
+    .venv/bin/python scripts/chaos.py --cluster --minutes 20
 
 Starts a pipeline worker, a files sink and a recording sink (each its own
 process, as in production), an OpenAI-compatible fake LLM on loopback, and a
 producer streaming an endless multi-session workload. At random intervals it
 SIGKILLs one or more workers and starts them again (and, with
-``--broker-restarts``, restarts a broker of its own, never a shared one). When
+``--broker-restarts``, restarts a broker of its own, never a shared one). With
+``--cluster`` it runs against the 3-broker cluster of ``kafka.sh start --brokers 3``
+(started if not running, and then stopped at the end) and its faults are the
+cluster's: kill -9 the busiest partition's leader, a rolling restart, a node down
+longer than the session timeout while workers are killed, and scaling between one
+and three pipeline workers and one and two recorder workers. When
 the time is up it stops producing, waits until everything produced has been
 delivered, and checks the invariant from the destinations' own records
 (tests/support/invariants.py):
@@ -27,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import logging
 import random
 import shutil
@@ -35,20 +40,19 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agents.ingest.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAIServer  # noqa: E402
+from tests.support import broker_cluster as faults  # noqa: E402
 from tests.support.cluster import (  # noqa: E402
     RECORDER,
     Cluster,
     ManagedWorker,
     SeparateBroker,
+    endless_stream,
     reliability_env,
 )
 from tests.support.invariants import (  # noqa: E402
@@ -58,7 +62,11 @@ from tests.support.invariants import (  # noqa: E402
     is_complete,
     progress,
 )
-from tests.support.kafka_io import StreamProducer, read_topic  # noqa: E402
+from tests.support.kafka_io import (  # noqa: E402
+    StreamProducer,
+    delete_topics_at_the_end,
+    read_topic,
+)
 
 THRESHOLD = 8
 MAX_PER_BATCH = 500
@@ -68,13 +76,35 @@ def say(message: str, started: float) -> None:
     print(f"[chaos {time.monotonic() - started:6.1f}s] {message}", flush=True)
 
 
-def endless_stream(seed: int, wave_sessions: int) -> Iterator[dict[str, Any]]:
-    """Waves of new sessions, each wave's sessions interleaved, forever."""
-    for wave in itertools.count():
-        plans = plan_sessions(
-            wave_sessions, mean_length=30, seed=seed * 1000 + wave, prefix=f"w{wave}"
-        )
-        yield from interleaved_payloads(plans, seed=seed * 1000 + wave)
+async def cluster_fault(
+    rng: random.Random, brokers: faults.BrokerCluster, cluster: Cluster, started: float
+) -> str:
+    """One of the cluster's faults, picked at random; returns what it was."""
+    env = cluster.env
+    kind = rng.choice(["leader", "rolling", "down+workers", "scale", "workers"])
+    if kind == "leader":
+        node = await faults.kill_busiest_leader(brokers, env, down_s=rng.uniform(2, 10))
+        return f"kill -9 busiest leader (node {node}), back and in sync"
+    if kind == "rolling":
+        await faults.rolling_restart(brokers, env)
+        return "rolling restart of all nodes"
+    running = [w for w in cluster.workers if not w.down]
+    victims = rng.sample(running, rng.randint(1, len(running)))
+    if kind == "down+workers":
+        down_s = rng.uniform(12, 25)  # the session timeout is 6 s (FAST_REBALANCE)
+        node = await faults.broker_down_with_workers(brokers, env, victims, down_s)
+        return f"node {node} down {down_s:.0f}s, killed {[v.name for v in victims]}"
+    if kind == "scale":
+        pipelines, sinks = rng.randint(1, 3), rng.randint(1, 2)
+        await faults.scale_workers(cluster, pipelines, sinks, RECORDER)
+        return f"scaled to {pipelines} pipeline and {sinks} recorder workers"
+    for victim in victims:
+        victim.kill()
+    await asyncio.sleep(rng.uniform(0.0, 2.0))
+    for victim in victims:
+        victim.start()
+    await faults.cluster_ready(victims)
+    return f"kill -9 {[v.name for v in victims]}"
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -90,6 +120,16 @@ async def run(args: argparse.Namespace) -> int:
         say("starting a broker of this run's own (it will be restarted)", started)
         broker = await asyncio.to_thread(SeparateBroker(workdir / "kafka").start)
         bootstrap = broker.bootstrap
+
+    brokers: faults.BrokerCluster | None = None
+    stop_brokers = False
+    if args.cluster:
+        brokers = faults.BrokerCluster()
+        bootstrap = brokers.bootstrap
+        if not await asyncio.to_thread(brokers.running):
+            say("starting the 3-broker cluster (scripts/kafka.sh start --brokers 3)", started)
+            await brokers.start()
+            stop_brokers = True
 
     kills: Counter[str] = Counter()
     restarts = 0
@@ -142,6 +182,11 @@ async def run(args: argparse.Namespace) -> int:
                         )
                 if time.monotonic() >= deadline:
                     break
+                if brokers is not None:
+                    say(await cluster_fault(rng, brokers, cluster, started), started)
+                    kills["cluster faults"] += 1
+                    next_report = time.monotonic() + 10
+                    continue
                 name, victims = rng.choice(targets)
                 if not victims:
                     assert broker is not None
@@ -187,6 +232,10 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+            if brokers is not None:
+                await delete_topics_at_the_end(cluster.env)
+        if brokers is not None and stop_brokers:
+            await brokers.stop()
         if broker is not None:
             await asyncio.to_thread(broker.remove)
 
@@ -227,6 +276,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--duration", type=float, default=300.0, help="seconds of chaos")
+    parser.add_argument("--minutes", type=float, help="minutes of chaos (instead of --duration)")
+    parser.add_argument(
+        "--cluster", action="store_true", help="against the 3-broker cluster, with its faults"
+    )
     parser.add_argument("--seed", type=int, default=random.randrange(1_000_000))
     parser.add_argument("--rate", type=float, default=30.0, help="payloads per second")
     parser.add_argument("--wave-sessions", type=int, default=20, help="sessions per wave")
@@ -244,6 +297,8 @@ def main() -> None:
     )
     parser.add_argument("--keep", action="store_true", help="keep the temp dir even on success")
     args = parser.parse_args()
+    if args.minutes is not None:
+        args.duration = args.minutes * 60
     # The run's own producer and readers: their reconnect noise during a broker
     # restart is expected; the workers' logs are in the work directory.
     logging.basicConfig(level=logging.WARNING)

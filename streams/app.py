@@ -189,7 +189,8 @@ class ContextApp(FaustApp):
         stalls.time_gc_pauses()
         self.add_future(stalls.watch_event_loop())
         Path(self.conf.datadir).mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 (start-up)
-        await ensure_topics(self.settings, self.own_topics)
+        changelogs = [table.changelog_topic.get_topic_name() for table in self.tables.values()]
+        await ensure_topics(self.settings, self.own_topics, changelogs)
         await super().on_first_start()
 
 
@@ -237,6 +238,9 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         datadir=str(settings.data_dir / role),
         topic_partitions=settings.partitions,
         topic_replication_factor=1,
+        # ensure_topics creates every topic, changelogs included; Faust's creation asks one
+        # broker and failed while it was down (test_a_broker_down_past_the_session_timeout...).
+        topic_allow_declare=False,
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
         producer_acks=-1,

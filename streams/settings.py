@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     broker_session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     topic_prefix: str = ""
     partitions: int = Field(default=8, ge=1)
+    # Copies of each new topic (changelogs included) and how many must have a write
+    # before it is acknowledged; unset: min(3, brokers) and 2 from 3 copies (1 below).
+    replication_factor: int | None = Field(default=None, ge=1)
+    min_insync_replicas: int | None = Field(default=None, ge=1)
     store: str = "memory://"  # or rocksdb:// for state larger than memory
     # Bound the worker's RSS with the RocksDB store (streams/_faust/rocksdb.py): two write
     # buffers per database (one per table and partition), one block cache per worker.
@@ -162,6 +166,16 @@ class Settings(BaseSettings):
                 f"AC_WEB_HOST={self.web_host} serves session data beyond this machine: set "
                 "AC_API_TOKEN (clients send it as a bearer token), or "
                 "AC_ALLOW_UNAUTHENTICATED=true"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _insync_within_replicas(self) -> Settings:
+        rf, isr = self.replication_factor, self.min_insync_replicas
+        if rf is not None and isr is not None and isr > rf:
+            raise ValueError(
+                f"AC_MIN_INSYNC_REPLICAS={isr} exceeds AC_REPLICATION_FACTOR={rf}: "
+                "no write could ever be acknowledged"
             )
         return self
 

@@ -11,14 +11,17 @@ from typing import Any
 import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay
+from tenacity.wait import wait_random_exponential
 
-from streams.settings import Settings
+from streams.settings import ConfigurationError, Settings
 
 __all__ = [
     "DEAD_LETTER_MAX_BYTES",
     "MESSAGE_MAX_BYTES",
     "TOPIC_NAMES",
+    "Replication",
     "Topics",
     "declare_topic",
     "declare_topics",
@@ -80,35 +83,82 @@ def declare_topics(app: faust.App, settings: Settings) -> Topics:
     return Topics(*(declare_topic(app, settings, name) for name in TOPIC_NAMES))
 
 
-async def ensure_topics(settings: Settings, extra: Iterable[str] = ()) -> None:
-    """Create the service's topics (and ``extra`` names, before the prefix) if missing
-    (auto-creation is off on our brokers), and give an existing dead-letter topic the
-    message limit a new one gets."""
+@dataclass(frozen=True)
+class Replication:
+    """Copies of each new topic, and how many must have a write before it is acknowledged."""
+
+    factor: int
+    min_insync: int
+
+    @classmethod
+    def for_cluster(cls, settings: Settings, brokers: int) -> Replication:
+        """``AC_REPLICATION_FACTOR`` / ``AC_MIN_INSYNC_REPLICAS``, or from the cluster's
+        size: three copies where there are three brokers, two of them in sync, so one
+        broker may be down and no acknowledged write is lost (tests/cluster/)."""
+        factor = settings.replication_factor or max(1, min(3, brokers))
+        if factor > brokers:
+            raise ConfigurationError(
+                f"AC_REPLICATION_FACTOR={factor} needs {factor} brokers; the cluster at "
+                f"{settings.kafka_bootstrap_servers} has {brokers} running"
+            )
+        min_insync = settings.min_insync_replicas or (2 if factor >= 3 else 1)
+        return cls(factor, min(min_insync, factor))
+
+
+async def ensure_topics(
+    settings: Settings, extra: Iterable[str] = (), changelogs: Iterable[str] = ()
+) -> None:
+    """Create the service's topics (and ``extra`` names, before the prefix; ``changelogs``,
+    full names, compacted) if missing (auto-creation is off on our brokers), replicated as
+    ``Replication.for_cluster`` says, and give an existing dead-letter topic the message
+    limit a new one gets.
+
+    The admin client asks a random broker of its metadata, which may be one that just
+    went down: retried for up to ``AC_BROKER_WAIT_S`` (test_a_broker_down_past_the_...)."""
+    retrying = AsyncRetrying(
+        retry=retry_if_exception_type(KafkaError),
+        stop=stop_after_delay(settings.broker_wait_s),
+        wait=wait_random_exponential(multiplier=0.5, max=5),
+        before_sleep=lambda state: log.warning(
+            "creating topics failed (%s); retrying", state.outcome and state.outcome.exception()
+        ),
+        reraise=True,
+    )
+    async for attempt in retrying:
+        with attempt:
+            await _ensure_topics(settings, list(extra), list(changelogs))
+
+
+async def _ensure_topics(settings: Settings, extra: list[str], changelogs: list[str]) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [
-            NewTopic(
-                settings.topic(n),
-                num_partitions=settings.partitions,
-                replication_factor=1,
-                topic_configs=(
-                    {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)} if n == DEAD_LETTERS else {}
-                ),
-            )
-            for n in dict.fromkeys([*TOPIC_NAMES, *extra])
-            if settings.topic(n) not in existing
-        ]
+        wanted = {settings.topic(n): n for n in dict.fromkeys([*TOPIC_NAMES, *extra])}
+        wanted.update({name: "" for name in changelogs})
+        missing = [name for name in wanted if name not in existing]
         if missing:
+            brokers = len((await admin.describe_cluster())["brokers"])
+            replication = Replication.for_cluster(settings, brokers)
             try:
-                await admin.create_topics(missing)
+                await admin.create_topics(
+                    [_new_topic(settings, name, wanted[name], replication) for name in missing]
+                )
             except TopicAlreadyExistsError:
                 pass  # a concurrent starter won the race
         if settings.topic(DEAD_LETTERS) in existing:
             await _raise_dead_letter_limit(admin, settings.topic(DEAD_LETTERS))
     finally:
         await admin.close()
+
+
+def _new_topic(settings: Settings, name: str, short: str, replication: Replication) -> NewTopic:
+    config = {"min.insync.replicas": str(replication.min_insync)}
+    if short == DEAD_LETTERS:
+        config["max.message.bytes"] = str(DEAD_LETTER_MAX_BYTES)
+    if not short:  # a table's changelog: Faust's own would be compacted too
+        config["cleanup.policy"] = "compact"
+    return NewTopic(name, settings.partitions, replication.factor, topic_configs=config)
 
 
 async def _raise_dead_letter_limit(admin: AIOKafkaAdminClient, name: str) -> None:

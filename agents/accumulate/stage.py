@@ -204,8 +204,8 @@ class Accumulator:
         timeout = self.settings.idle_timeout_s
         now = time.time()
         idle = []
-        # Outside the pacer's clock: the log-end lookup waits on the broker, and on a busy
-        # loop that wait put the next scan 9x as far off (tests/integration/test_fidelity.py, "gap-long").
+        # Outside the pacer's clock: the log-end lookup waits on the broker, and on a busy loop
+        # that wait put the next scan 9x as far off (test_fidelity.py, "gap-long").
         readable = await self.source.caught_up()
         with self.pacer.scanning():
             async for sid, raw in session_items(self.sessions, readable):

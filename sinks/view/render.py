@@ -1,6 +1,7 @@
 """The session view's HTML: the page shell, the list and one session, as fragments
 the pages and their event streams share. Every value from the event stream is
-escaped here (tests/integration/test_view.py::test_a_summary_replaces_batches_and_everything_is_escaped).
+escaped here (tests/integration/test_view.py::
+test_a_summary_replaces_batches_and_everything_is_escaped).
 """
 
 from __future__ import annotations

@@ -1,18 +1,20 @@
 """``faust.App`` with the overrides of its private methods these workers need.
 
 ``streams.app.ContextApp`` builds on it; what it changes in Faust stays here:
-the consumer on the worker's loop, the producer's aiokafka client, and a stop
+the consumer on the worker's loop, an idempotent producer and its aiokafka client, and a stop
 that does not wait for ever for messages in progress.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any, cast
 
 import faust
 from aiokafka import AIOKafkaProducer
-from faust.types import ConsumerT
+from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
+from faust.types import ConsumerT, ProducerT
 
 from streams._faust import divert
 from streams._faust.consumer import MainLoopConsumer
@@ -46,6 +48,11 @@ class FaustApp(faust.App):
             cast(Any, self.transport).Consumer = MainLoopConsumer
         return super()._new_consumer()
 
+    def _new_producer(self) -> ProducerT:
+        # Idempotent: a batch retried after a broker failover is written once
+        # (tests/cluster/test_cluster_chaos.py).
+        return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
+
     async def _consumer_wait_empty(self, consumer: Any, logger: Any) -> None:
         """Faust's wait for messages in progress, bounded by :meth:`stop_grace_s`.
 
@@ -67,3 +74,10 @@ class FaustApp(faust.App):
             # waiting for what was abandoned and commits what was acknowledged.
             consumer._unacked_messages.clear()
         await waiting
+
+
+class IdempotentProducer(AiokafkaProducer):
+    """Faust's aiokafka producer with ``enable_idempotence`` (acks=all is Faust's default)."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "enable_idempotence": True}

@@ -12,12 +12,12 @@ import pytest
 from sinks.files import context_file
 from sinks.intercom import parse_note, session_ref
 from tests.fakes.intercom_server import FakeIntercomServer
+from tests.integration.test_intercom import sink_env
 from tests.support.cli import cli
 from tests.support.kafka_io import read_topic
 from tests.support.pipeline import Pipeline, produce, pull_view
 from tests.support.waiting import wait_for
 from tests.support.workers import Worker
-from tests.integration.test_intercom import sink_env
 
 pytestmark = pytest.mark.kafka
 

@@ -223,7 +223,10 @@ async def test_lag_counts_what_a_stalled_sink_has_not_done(
         "AC_GATE_FILE": str(gate),
     }
     pipe = Pipeline(env, tmp_path, workers)
-    pipeline, sink = pipe.start_pipeline(), pipe.start_sink("tests.integration.test_metrics:GatedSink")
+    pipeline, sink = (
+        pipe.start_pipeline(),
+        pipe.start_sink("tests.integration.test_metrics:GatedSink"),
+    )
     await asyncio.gather(pipeline.wait_ready(), sink.wait_ready())
     settings = settings_from(env)
 

@@ -21,12 +21,12 @@ from sinks.base import PermanentSinkError
 from sinks.context import SessionContext
 from sinks.intercom import html_to_text, parse_note, session_ref
 from tests.fakes.intercom_server import FakeIntercomServer, Part
+from tests.integration.test_intercom import TOKEN, make_sink, markers, sink_env, summary, written
 from tests.support.cli import cli
 from tests.support.kafka_io import read_topic, uncommitted
 from tests.support.pipeline import Pipeline, produce, pull_view
 from tests.support.waiting import wait_for
 from tests.support.workers import Worker
-from tests.integration.test_intercom import TOKEN, make_sink, markers, sink_env, summary, written
 
 THRESHOLD = 4
 RECORDER = "tests.support.plugins:RecordingSink"

@@ -9,8 +9,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from streams.settings import Settings
-from streams.topics import DEAD_LETTER_MAX_BYTES, TOPIC_NAMES, ensure_topics
+from streams.settings import ConfigurationError, Settings
+from streams.topics import DEAD_LETTER_MAX_BYTES, TOPIC_NAMES, Replication, ensure_topics
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -75,3 +75,19 @@ async def test_an_existing_dead_letter_topic_gets_the_larger_limit_and_keeps_its
         assert await described_limit(described, expected_limit)
     finally:
         await admin.delete_topics([settings.topic(n) for n in TOPIC_NAMES])
+
+
+@pytest.mark.parametrize(
+    ("brokers", "factor", "min_insync"), [(1, 1, 1), (2, 2, 1), (3, 3, 2), (5, 3, 2)]
+)
+def test_replication_follows_the_cluster_size(brokers: int, factor: int, min_insync: int) -> None:
+    assert Replication.for_cluster(Settings(), brokers) == Replication(factor, min_insync)
+
+
+def test_replication_settings_are_checked() -> None:
+    chosen = Settings(replication_factor=2, min_insync_replicas=2)
+    assert Replication.for_cluster(chosen, 3) == Replication(2, 2)
+    with pytest.raises(ConfigurationError, match="AC_REPLICATION_FACTOR=3 needs 3 brokers"):
+        Replication.for_cluster(Settings(replication_factor=3), 1)
+    with pytest.raises(ValueError, match="AC_MIN_INSYNC_REPLICAS=3 exceeds"):
+        Settings(replication_factor=2, min_insync_replicas=3)

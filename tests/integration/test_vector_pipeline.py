@@ -12,10 +12,10 @@ import lancedb
 import pytest
 
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
+from tests.integration.test_cli import cli
 from tests.support.pipeline import Pipeline, expected_summary_ranges, produce
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, Worker
-from tests.integration.test_cli import cli
 
 TOKEN = "vector-api-token-for-tests"
 NEEDLE, TENANT = "needle-session", "tenant-b"

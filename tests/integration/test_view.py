@@ -29,10 +29,10 @@ from sinks.view.delivery import SinkDelivery, delivery, delivery_fragment
 from sinks.view.operators import operator_strip
 from sinks.view.render import list_fragment, session_fragment
 from tests.fakes.loopback import LoopbackServer
+from tests.integration.test_access import listening_addresses
 from tests.support.pipeline import Pipeline, produce
 from tests.support.view_server import ViewServer
 from tests.support.workers import FAST_REBALANCE, Worker
-from tests.integration.test_access import listening_addresses
 
 TOKEN = "view-token-for-tests"
 HOSTILE = '<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx
 import orjson
+from streams.synthetic import interleaved_payloads, plan_sessions
 
 from tests.support.kafka_io import uncommitted
 from tests.support.waiting import wait_for
@@ -30,6 +32,7 @@ __all__ = [
     "Cluster",
     "ManagedWorker",
     "SeparateBroker",
+    "endless_stream",
     "health",
     "input_partitions",
     "metric",
@@ -51,6 +54,15 @@ def read_complete_records(path: Path) -> list[dict[str, Any]]:
     data = path.read_bytes()
     complete = data[: data.rfind(b"\n") + 1]
     return [orjson.loads(line) for line in complete.splitlines() if line.strip()]
+
+
+def endless_stream(seed: int, wave_sessions: int) -> Iterator[dict[str, Any]]:
+    """Waves of new sessions, each wave's sessions interleaved, until the producer stops."""
+    for wave in itertools.count():
+        plans = plan_sessions(
+            wave_sessions, mean_length=30, seed=seed * 1000 + wave, prefix=f"w{wave}"
+        )
+        yield from interleaved_payloads(plans, seed=seed * 1000 + wave)
 
 
 def reliability_env(bootstrap: str, workdir: Path, **overrides: str) -> dict[str, str]:
@@ -143,23 +155,29 @@ class Cluster:
         return worker.start()
 
     def sink(self, spec: str, *, record_file: Path | None = None, **env: str) -> ManagedWorker:
+        """A sink worker; the second and later ones of a sink get their own data directory
+        and log (they share its consumer group and record file)."""
         short = spec.rsplit(":", 1)[-1].lower()
+        n = sum(1 for w in self.workers if w.env.get("AC_SINK") == spec)
+        name = f"sink-{short}" + (f"-{n}" if n else "")
+        extra = {} if n == 0 else {"AC_DATA_DIR": str(self.workdir / f"data-{name}")}
         worker = ManagedWorker(
             "sinks.app",
             {
                 **self.env,
+                **extra,
                 "AC_SINK": spec,
                 "AC_RECORD_FILE": str(record_file or self.record_file),
                 **env,
             },
-            self.workdir / f"sink-{short}.log",
-            name=f"sink-{short}",
+            self.workdir / f"{name}.log",
+            name=name,
         )
         self.workers.append(worker)
         return worker.start()
 
-    async def ready(self, *workers: ManagedWorker) -> None:
-        await asyncio.gather(*(w.wait_ready() for w in workers or self.workers))
+    async def ready(self, *workers: ManagedWorker, timeout: float = 90.0) -> None:
+        await asyncio.gather(*(w.wait_ready(timeout) for w in workers or self.workers))
 
     async def consumer_groups(self) -> list[tuple[str, tuple[str, ...]]] | None:
         """The consumer groups of the running workers with their input topics, the
@@ -271,6 +289,22 @@ def _two_free_ports() -> int:
     raise RuntimeError("no two adjacent free ports")
 
 
+def kill_pidfile(pidfile: Path) -> None:
+    """SIGKILL the broker ``kafka.sh`` started with this pid file, and wait until it is gone."""
+    if pidfile.exists():
+        pid = int(pidfile.read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        pidfile.unlink(missing_ok=True)
+
+
 @dataclass
 class SeparateBroker:
     """A broker of the test's own (port, data dir), so restarting it disturbs nobody."""
@@ -302,19 +336,7 @@ class SeparateBroker:
 
     def kill(self) -> None:
         """SIGKILL the broker (no clean shutdown)."""
-        pidfile = self.data_dir / "broker.pid"
-        if pidfile.exists():
-            pid = int(pidfile.read_text())
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
-            pidfile.unlink(missing_ok=True)
+        kill_pidfile(self.data_dir / "broker.pid")
 
     async def restart(self, *, down_s: float = 2.0, hard: bool = False) -> None:
         await asyncio.to_thread(self.kill if hard else self.stop)

@@ -511,7 +511,11 @@ NOT_CALLABLE = 42
 
 @pytest.mark.parametrize(
     "dotted",
-    ["tests.unit.test_llm:echo_llm", "tests.unit.test_llm.echo_llm", "tests.unit.test_llm:callable_object"],
+    [
+        "tests.unit.test_llm:echo_llm",
+        "tests.unit.test_llm.echo_llm",
+        "tests.unit.test_llm:callable_object",
+    ],
 )
 async def test_load_llm_callable(dotted: str) -> None:
     loaded = load_llm_callable(dotted)

@@ -1,0 +1,1 @@
+"""Tests against the 3-broker cluster (``make test-cluster``; marker ``cluster``)."""
