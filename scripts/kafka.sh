@@ -80,7 +80,7 @@ write_config() {
 }
 
 # The selected node's server.properties (docker-compose.yml's cluster profile sets the
-# same: tests/test_foundation.py compares them).
+# same: tests/integration/test_foundation.py compares them).
 properties() {
   local quorum="controller.quorum.bootstrap.servers=127.0.0.1:$controller_port"
   local rf=1 isr=1

@@ -1,1 +1,1 @@
-"""The test suite: unit/ (no broker), integration/ (real broker and workers), cluster/ (3 brokers)."""
+"""The test suite: unit/ (no broker), integration/ (a real broker), cluster/ (3 brokers)."""

@@ -16,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tests.fakes.openai_server import FakeOpenAIServer
+from tests.integration.test_reliability import llm_env, seed, settle
 from tests.support.broker_cluster import (
     BrokerCluster,
     broker_down_with_workers,
@@ -33,7 +34,6 @@ from tests.support.cluster import (
 )
 from tests.support.kafka_io import StreamProducer, read_topic, settings_for
 from tests.support.waiting import wait_for
-from tests.test_reliability import llm_env, seed, settle
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
