@@ -1,1 +1,2 @@
-"""The test suite: unit/ (no broker), integration/ (real broker and workers), cluster/ (3 brokers)."""
+"""The test suite: unit/ (no broker), integration/ (real broker and workers),
+cluster/ (3 brokers)."""

@@ -22,8 +22,8 @@ from typing import Any
 
 import httpx
 import orjson
-from streams.synthetic import interleaved_payloads, plan_sessions
 
+from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from tests.support.kafka_io import uncommitted
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, ROOT, Worker, free_port, unique_env
