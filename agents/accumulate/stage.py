@@ -105,7 +105,10 @@ class Accumulator:
     async def emit(self, emissions: Iterable[tuple[str, Emission]]) -> None:
         """Produce in order; ``writes.seal()`` makes the table writes wait for the acks."""
         for sid, e in emissions:
-            await self.writes.send(self.out_topics[e.topic], sid, e.value)
+            # A summarize request only once its batches are in: else its summary can reach
+            # the sinks first (chaos.py --cluster; tests/unit/test_write_behind.py).
+            after = e.topic == "summarize"
+            await self.writes.send(self.out_topics[e.topic], sid, e.value, after_previous=after)
 
     async def run(self) -> None:
         """The agent: batches of the actions topic, applied under the state lock."""

@@ -3,13 +3,17 @@ may commit the input's offset. Written once; every stage uses it.
 
 1. Output acknowledged: the broker has the messages the input caused (for a sink,
    the destination has applied the operation).
-2. Table writes logged in crash-safe order (:func:`crash_safe_order`): new entries,
+2. Ordered output acknowledged: the messages that must not overtake those of step 1
+   (a summarize request, after the batches it covers: ``chaos.py --cluster``,
+   tests/unit/test_write_behind.py) are produced only now, and acknowledged before
+   anything is logged.
+3. Table writes logged in crash-safe order (:func:`crash_safe_order`): new entries,
    then the entry that refers to them, then deletions of what nothing refers to. A
    session's records share one changelog partition, where a crash loses only a
    suffix, so whatever survives is consistent.
-3. Changelog acknowledged: the broker has those records, and only then does the
+4. Changelog acknowledged: the broker has those records, and only then does the
    store apply them (``changelog.write``): the store stays a prefix of the changelog.
-4. Input acknowledged, in offset order (``InOrderAcks``, ``BatchSource.ack``): only
+5. Input acknowledged, in offset order (``InOrderAcks``, ``BatchSource.ack``): only
    now may Faust commit past it.
 
 A crash between two steps replays the unacknowledged input against the last durable
@@ -67,14 +71,14 @@ def crash_safe_order(writes: Sequence[Any], rank: Rank = session_rank) -> Sequen
 
 
 async def outputs_acknowledged(acks: Iterable[Awaitable[Any]]) -> None:
-    """Step 1: wait for the broker's acknowledgements (records appended in one round
-    share one)."""
+    """Steps 1 and 2: wait for the broker's acknowledgements (records appended in one
+    round share one)."""
     for ack in dict.fromkeys(acks):
         await ack
 
 
 def log_writes(app: Any, writes: Sequence[Any], rank: Rank = session_rank) -> Written:
-    """Step 2: produce ``writes``' changelog records in crash-safe order."""
+    """Step 3: produce ``writes``' changelog records in crash-safe order."""
     return [
         (write[0], changelog.write(app, write[0], write[1], write[2]))
         for write in crash_safe_order(writes, rank)
@@ -88,7 +92,8 @@ async def commit(
     outputs: Iterable[Awaitable[Any]] = (),
     writes: Sequence[Write] = (),
 ) -> None:
-    """Steps 1 to 4 for one input: ``acknowledge`` runs once its work is durable."""
+    """Steps 1 to 5 for one input (``outputs`` needing no order: no step 2);
+    ``acknowledge`` runs once its work is durable."""
     await outputs_acknowledged(outputs)
-    await changelog.confirm(log_writes(app, writes))  # steps 2 and 3
+    await changelog.confirm(log_writes(app, writes))  # steps 3 and 4
     await acknowledge()

@@ -10,8 +10,9 @@ round trip per batch. Here the agent goes on with the next batch at once:
 - reads see the newest value (an overlay holds writes not yet applied);
 - each sealed unit (messages, table writes, input records to acknowledge) is
   completed in order, through the commit protocol's steps (``streams._faust.commit``)
-  in two pipelined stages: steps 1-2 (its messages acknowledged, its table writes
-  logged) and steps 3-4 (its changelog records acknowledged, its input acknowledged).
+  in two pipelined stages: steps 1-3 (its messages acknowledged, then the ones sent
+  ``after_previous`` produced and acknowledged, its table writes logged) and steps
+  4-5 (its changelog records acknowledged, its input acknowledged).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ _Write = tuple[TableT[str, bytes], str, "bytes | None", int]  # table, key, valu
 @dataclass
 class _Unit:
     acks: list[Awaitable[Any]] = field(default_factory=list)  # broker acknowledgements
+    deferred: list[tuple[str, bytes, bytes]] = field(default_factory=list)  # after the acks
     writes: list[_Write] = field(default_factory=list)
     inputs: list[tuple[Any, Any]] = field(default_factory=list)  # (source, record) to ack
     changelog: Written = field(default_factory=list)  # records to confirm
@@ -92,9 +94,17 @@ class WriteBehind:
         self._overlay[(id(table), key)] = (value, self._version)
         self._unit.writes.append((table, key, value, self._version))
 
-    async def send(self, topic: str, key: str, value: bytes) -> None:
-        """Produce (appended per partition); the unit completes when the broker has it."""
-        self._unit.acks.append(await self._app.append(topic, key.encode(), value))
+    async def send(
+        self, topic: str, key: str, value: bytes, *, after_previous: bool = False
+    ) -> None:
+        """Produce (appended per partition); the unit completes when the broker has it.
+
+        ``after_previous``: produced only once the broker has this unit's (and every
+        earlier unit's) other messages, e.g. a summarize request after its batches."""
+        if after_previous:
+            self._unit.deferred.append((topic, key.encode(), value))
+        else:
+            self._unit.acks.append(await self._app.append(topic, key.encode(), value))
 
     def track(self, source: Any, record: Any) -> None:
         """``await source.ack(record)`` when the current unit completes
@@ -104,7 +114,7 @@ class WriteBehind:
     async def seal(self) -> None:
         """End the current unit: its writes and acks happen after its messages are acked."""
         unit, self._unit = self._unit, _Unit()
-        if not (unit.acks or unit.writes or unit.inputs):
+        if not (unit.acks or unit.deferred or unit.writes or unit.inputs):
             return
         if not self._tasks or any(t.done() for t in self._tasks):
             self._tasks = [
@@ -130,13 +140,18 @@ class WriteBehind:
                 queue.task_done()
 
     async def _record(self, unit: _Unit) -> None:
-        """Steps 1 and 2 of the commit protocol (``streams._faust.commit``)."""
+        """Steps 1 to 3 of the commit protocol (``streams._faust.commit``)."""
         await outputs_acknowledged(unit.acks)
+        if unit.deferred:
+            # Before the changelog: a request lost after its unit is logged would never be
+            # replayed (tests/unit/test_write_behind.py, "deferred").
+            append = self._app.append
+            await outputs_acknowledged([await append(*record) for record in unit.deferred])
         unit.changelog = log_writes(self._app, unit.writes, self._order_of)
         await self._recorded.put(unit)
 
     async def _acknowledge(self, unit: _Unit) -> None:
-        """Steps 3 and 4: the changelog records are in (and so in the store); the overlay
+        """Steps 4 and 5: the changelog records are in (and so in the store); the overlay
         lets go of what the table now holds, and the unit's input is acknowledged."""
         await changelog.confirm(unit.changelog)
         for table, key, _, version in unit.writes:

@@ -1,10 +1,14 @@
-"""The crash-safe order of a unit's writes (``streams._faust.commit.crash_safe_order``)."""
+"""The crash-safe order of a unit's writes (``streams._faust.commit.crash_safe_order``),
+and the order in which ``WriteBehind`` produces, logs and acknowledges a unit."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
 
 from streams._faust.commit import crash_safe_order, session_rank
+from streams._faust.write_behind import WriteBehind
 from streams.tables import batch_key
 
 
@@ -53,3 +57,72 @@ def test_one_rank_is_returned_as_it_is() -> None:
 def test_the_session_rank_is_that_order_over_batch_keys() -> None:
     assert [session_rank(k, v) for k, v in [(batch_key("a", 1), b"x"), ("a", b"s")]] == [0, 1]
     assert session_rank(batch_key("a", 1), None) == 2
+
+
+class _Acks:
+    """Appends recorded, each acknowledged when the test says so."""
+
+    def __init__(self) -> None:
+        self.appended: list[tuple[str, bytes | None]] = []
+        self.pending: dict[str, asyncio.Future[Any]] = {}
+
+    def future(self, name: str, value: bytes | None) -> asyncio.Future[Any]:
+        self.appended.append((name, value))
+        self.pending[name] = asyncio.get_running_loop().create_future()
+        return self.pending[name]
+
+    def resolve(self, name: str) -> None:
+        self.pending.pop(name).set_result(SimpleNamespace(topic_partition=name, offset=0))
+
+
+class _App:
+    def __init__(self, acks: _Acks) -> None:
+        self.appender = SimpleNamespace(append=self._changelog)
+        self._acks = acks
+
+    async def append(self, topic: str, key: bytes, value: bytes | None) -> Any:
+        return self._acks.future(topic, value)
+
+    def _changelog(self, topic: str, partition: int, key: bytes, value: Any, then: Any) -> Any:
+        return self._acks.future(topic, value)
+
+
+async def _settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_theirs() -> None:
+    # chaos.py --cluster: a summarize request acked while its batches were not.
+    acks, acked = _Acks(), []
+    table = SimpleNamespace(
+        partition_for_key=lambda key: 0,
+        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
+        data=SimpleNamespace(set_persisted_offset=lambda tp, offset: None),
+    )
+    source = SimpleNamespace(ack=lambda record: _ack(acked, record))
+
+    async def on_error(where: str, exc: BaseException) -> None:
+        raise AssertionError(f"{where}: {exc!r}")
+
+    writes = WriteBehind(cast(Any, _App(acks)), on_error=on_error)
+    writes.set(cast(Any, table), "s", b"state")
+    await writes.send("context", "s", b"batch")
+    await writes.send("summarize", "s", b"request", after_previous=True)
+    writes.track(source, "input")
+    await writes.seal()
+    await _settle()
+    assert acks.appended == [("context", b"batch")]  # the request waits for the batch
+    acks.resolve("context")
+    await _settle()
+    assert acks.appended[1:] == [("summarize", b"request")]  # not logged yet
+    acks.resolve("summarize")
+    await _settle()
+    assert acks.appended[2:] == [("changelog", b"state")] and not acked
+    acks.resolve("changelog")
+    await _settle()
+    assert acked == ["input"]
+
+
+async def _ack(acked: list[str], record: str) -> None:
+    acked.append(record)
