@@ -7,7 +7,7 @@ one over HTTP, with ``sinks/_http.py`` for retries and rate limits. The SDK's tw
 callables (``write_actions``, ``overwrite_with_summary``) plug in unchanged
 through :class:`CallbackSink`.
 
-The lifecycle, in one sink worker (``sinks/runner.py``):
+The lifecycle, in one sink worker (``sinks/runner/``):
 
 1. ``from_settings(settings)`` builds the sink once; read the sink's own settings
    here (``AC_<NAME>_*``), so that bad ones stop the worker at start.
