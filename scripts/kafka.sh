@@ -165,7 +165,10 @@ stop_node() {
   pid=$(cat "$pidfile")
   kill "$pid"
   while kill -0 "$pid" 2>/dev/null; do
-    if ((SECONDS > deadline)); then log "no clean stop in 30 s; killing"; kill -9 "$pid"; fi
+    if ((SECONDS > deadline)); then
+      # The last nodes of a cluster may wait for a quorum that has gone: kill, once.
+      log "no clean stop in 30 s; killing"; kill -9 "$pid"; deadline=$((SECONDS + 3600))
+    fi
     sleep 0.2
   done
   rm -f "$pidfile"
