@@ -26,6 +26,7 @@ from sinks.files import context_file
 from tests.fakes.openai_server import FakeOpenAIServer
 from tests.support.cluster import metric, scrape
 from tests.support.pipeline import Pipeline, pull_view, settings_from
+from tests.support.pipeline import llm_env as pipeline_llm_env
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, Worker
 
@@ -186,16 +187,8 @@ def check_visit(sid: str, view: dict[str, Any], actions: list[dict[str, Any]]) -
 
 
 def llm_env(env: dict[str, str], llm: FakeOpenAIServer, **extra: str) -> dict[str, str]:
-    return {
-        **env,
-        "AC_THRESHOLD": str(K),
-        "AC_LLM_API_KEY": "sk-test-not-a-secret",
-        "AC_LLM_BASE_URL": llm.base_url,
-        "AC_FORMAT_ACTIONS": "tests.support.plugins:format_with_session",
-        "AC_IDLE_TIMEOUT_S": str(IDLE_S),
-        "AC_IDLE_CHECK_INTERVAL_S": "0.25",
-        **extra,
-    }
+    fast = {"AC_IDLE_TIMEOUT_S": str(IDLE_S), "AC_IDLE_CHECK_INTERVAL_S": "0.25"}
+    return {**env, **pipeline_llm_env(llm, K, **{**fast, **extra})}
 
 
 def check_every_summary_states_its_range(pipe: Pipeline) -> None:

@@ -42,6 +42,7 @@ from tests.support.pipeline import (
     produce,
     settings_from,
 )
+from tests.support.pipeline import llm_env as pipeline_llm_env
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, ROOT, Worker
 
@@ -383,14 +384,7 @@ def sink_env(server: FakeIntercomServer) -> dict[str, str]:
 
 
 def llm_env(env: dict[str, str], llm: FakeOpenAIServer, threshold: int) -> dict[str, str]:
-    return {
-        **env,
-        "AC_THRESHOLD": str(threshold),
-        "AC_LLM_API_KEY": "sk-test-not-a-secret",
-        "AC_LLM_BASE_URL": llm.base_url,
-        "AC_FORMAT_ACTIONS": "tests.support.plugins:format_with_session",
-        "AC_IDLE_TIMEOUT_S": "3600",
-    }
+    return {**env, **pipeline_llm_env(llm, threshold)}
 
 
 async def actions_applied(sink: Worker, sid: str) -> int:

@@ -25,6 +25,7 @@ from tests.support.pipeline import (
     produce,
     pull_view,
 )
+from tests.support.pipeline import llm_env as pipeline_llm_env
 from tests.support.waiting import wait_for
 from tests.support.workers import FAST_REBALANCE, ROOT, Worker
 
@@ -36,15 +37,7 @@ RECORDER = "tests.support.plugins:RecordingSink"
 def llm_env(
     env: dict[str, str], llm: FakeOpenAIServer, threshold: int, **extra: str
 ) -> dict[str, str]:
-    return {
-        **env,
-        "AC_THRESHOLD": str(threshold),
-        "AC_LLM_API_KEY": "sk-test-not-a-secret",
-        "AC_LLM_BASE_URL": llm.base_url,
-        "AC_FORMAT_ACTIONS": "tests.support.plugins:format_with_session",
-        "AC_IDLE_TIMEOUT_S": "3600",
-        **extra,
-    }
+    return {**env, **pipeline_llm_env(llm, threshold, **extra)}
 
 
 def totals(payloads: list[dict[str, Any]]) -> dict[str, int]:

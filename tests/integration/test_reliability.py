@@ -57,6 +57,7 @@ from tests.support.kafka_io import (
     read_topic,
     uncommitted,
 )
+from tests.support.pipeline import llm_env as pipeline_llm_env
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -70,15 +71,7 @@ def seed() -> int:
 
 
 def llm_env(llm: FakeOpenAIServer, threshold: int, **extra: str) -> dict[str, str]:
-    return {
-        "AC_THRESHOLD": str(threshold),
-        "AC_LLM_API_KEY": "sk-test-not-a-secret",
-        "AC_LLM_BASE_URL": llm.base_url,
-        "AC_FORMAT_ACTIONS": "tests.support.plugins:format_with_session",
-        "AC_IDLE_TIMEOUT_S": "3600",
-        "AC_LLM_RETRY_MAX_WAIT_S": "1",
-        **extra,
-    }
+    return pipeline_llm_env(llm, threshold, **{"AC_LLM_RETRY_MAX_WAIT_S": "1", **extra})
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ import orjson
 
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from tests.support.kafka_io import uncommitted
-from tests.support.waiting import wait_for
+from tests.support.waiting import wait_for, wait_for_sync
 from tests.support.workers import FAST_REBALANCE, ROOT, Worker, free_port, unique_env
 
 __all__ = [
@@ -295,13 +294,7 @@ def kill_pidfile(pidfile: Path) -> None:
         pid = int(pidfile.read_text())
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
+        wait_for_sync(lambda: not _alive(pid), timeout=30, interval=0.1)
         pidfile.unlink(missing_ok=True)
 
 
@@ -358,3 +351,11 @@ def separate_broker(data_dir: Path) -> Iterator[SeparateBroker]:
         yield broker
     finally:
         broker.remove()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

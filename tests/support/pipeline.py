@@ -17,6 +17,19 @@ from tests.support.plugins import read_records
 from tests.support.workers import Worker
 
 
+def llm_env(llm: Any, threshold: int, **extra: str) -> dict[str, str]:
+    """A pipeline's settings for the loopback OpenAI server ``llm`` (a ``FakeOpenAIServer``):
+    summaries every ``threshold`` actions, each prompt's lines named by session."""
+    return {
+        "AC_THRESHOLD": str(threshold),
+        "AC_LLM_API_KEY": "sk-test-not-a-secret",
+        "AC_LLM_BASE_URL": llm.base_url,
+        "AC_FORMAT_ACTIONS": "tests.support.plugins:format_with_session",
+        "AC_IDLE_TIMEOUT_S": "3600",
+        **extra,
+    }
+
+
 def settings_from(env: dict[str, str]) -> Settings:
     return Settings(
         kafka_bootstrap_servers=env["KAFKA_BOOTSTRAP_SERVERS"],

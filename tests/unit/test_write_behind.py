@@ -10,6 +10,7 @@ from typing import Any, cast
 from streams._faust.commit import crash_safe_order, session_rank
 from streams._faust.write_behind import WriteBehind
 from streams.tables import batch_key
+from tests.support.waiting import wait_for
 
 
 def order_of(key: str, value: bytes | None) -> int:
@@ -87,11 +88,6 @@ class _App:
         return self._acks.future(topic, value)
 
 
-async def _settle() -> None:
-    for _ in range(10):
-        await asyncio.sleep(0)
-
-
 async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_theirs() -> None:
     # chaos.py --cluster: a summarize request acked while its batches were not.
     acks, acked = _Acks(), []
@@ -111,16 +107,15 @@ async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_th
     await writes.send("summarize", "s", b"request", after_previous=True)
     writes.track(source, "input")
     await writes.seal()
-    await _settle()
     assert acks.appended == [("context", b"batch")]  # the request waits for the batch
     acks.resolve("context")
-    await _settle()
+    await wait_for(lambda: len(acks.appended) > 1, timeout=5)
     assert acks.appended[1:] == [("summarize", b"request")]  # not logged yet
     acks.resolve("summarize")
-    await _settle()
+    await wait_for(lambda: len(acks.appended) > 2, timeout=5)
     assert acks.appended[2:] == [("changelog", b"state")] and not acked
     acks.resolve("changelog")
-    await _settle()
+    await wait_for(lambda: acked, timeout=5)
     assert acked == ["input"]
 
 
