@@ -14,7 +14,6 @@ from typing import Any
 
 import msgspec
 import orjson
-from pydantic import BaseModel
 
 from schemas import (
     ActionsPayload,
@@ -24,29 +23,8 @@ from schemas import (
     context_message_adapter,
     encode,
 )
+from schemas.fast import struct_of
 from scripts.bench.workload import workload
-
-
-def struct_of(
-    model: type[BaseModel], name: str, tag: str | None = None, **kinds: Any
-) -> type[msgspec.Struct]:
-    """A msgspec Struct with ``model``'s fields, types and defaults; ``kinds`` replaces the
-    types of nested models (so both sides decode the same fields); ``tag``: the ``op``."""
-    fields: list[Any] = []
-    for field_name, field in model.model_fields.items():
-        if tag and field_name == "op":
-            continue
-        kind = kinds.get(field_name, field.annotation)
-        if field.default_factory is not None:
-            fields.append((field_name, kind, msgspec.field(default_factory=field.default_factory)))
-        elif field.is_required():
-            fields.append((field_name, kind))
-        else:
-            fields.append((field_name, kind, field.default))
-    if tag:
-        return msgspec.defstruct(name, fields, kw_only=True, tag_field="op", tag=tag)
-    return msgspec.defstruct(name, fields, kw_only=True)
-
 
 Action = struct_of(SlimAction, "Action")
 Payload = struct_of(ActionsPayload, "Payload", actions=list[Action])  # type: ignore[valid-type]
