@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from scripts.bench.latency import run_latency
 from scripts.bench.memory import run_memory
 from scripts.bench.summarizer import run_summarizer
 from scripts.bench.throughput import run_accumulate
-from scripts.bench.workload import workload
+from scripts.bench.workload import bench_parser, workload
 
 
 async def main_async(args: argparse.Namespace) -> None:
@@ -73,20 +72,11 @@ def loops(value: str) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    parse = argparse.ArgumentParser(
-        prog="python -m scripts.bench",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parse = bench_parser("python -m scripts.bench", __doc__)
     add = parse.add_argument
     add("--mode", choices=["throughput", "accumulate", "summarizer", "latency", "memory"],
         default="throughput")  # fmt: skip
-    add("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
-    add("--actions", type=int, default=200_000)
-    add("--sessions", type=int, default=5_000)
-    add("--max-batch", type=int, default=3)
     add("--threshold", type=int, default=10)
-    add("--partitions", type=int, default=8)
     add("--store", default="memory://")
     add("--stores", default="memory://,rocksdb://", help="--mode memory: the stores to compare")
     add("--rate", type=float, default=5_000)
@@ -95,7 +85,6 @@ def parser() -> argparse.ArgumentParser:
         help="--mode latency or accumulate: runs, each on fresh topics")  # fmt: skip
     add("--llm-concurrency", type=int, default=256)
     add("--port", type=int, default=6100)
-    add("--seed", type=int, default=1)
     add("--event-loop", type=loops, default="aio",
         help="the workers' event loop, aio or uvloop (Faust's F_LOOP; not --loop, which "
         "Faust takes from any command line that imports it); --mode accumulate "

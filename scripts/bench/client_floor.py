@@ -11,10 +11,9 @@ runs from the first record to the last (Faust's start-up and group join left out
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
-from typing import Any, cast
+from typing import cast
 
 import faust
 import orjson
@@ -26,26 +25,7 @@ EXPECTED = int(os.environ["BENCH_CLIENT_RECORDS"])
 BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
 
-class App(faust.App):
-    async def on_start(self) -> None:
-        await super().on_start()
-        if os.environ.get("BENCH_CLIENT_NUDGE"):
-            self.add_future(nudge(self))
-
-
-async def nudge(app: faust.App) -> None:
-    """Poll once while unassigned: librdkafka serves the assignment callback only in a
-    poll, and Faust's confluent driver polls only once assigned (without: no assignment)."""
-    thread = cast(Any, app.consumer)._thread
-    while not thread._assigned:
-        await asyncio.sleep(0.5)
-        message = await thread.call_thread(lambda: thread._consumer.consumer.poll(0))
-        if message is not None:
-            print(f"nudge took a record: {message.topic()}[{message.partition()}]", flush=True)
-    print("nudge: assigned", flush=True)
-
-
-app = App(
+app = faust.App(
     os.environ["BENCH_CLIENT_APP"],
     broker=f"{DRIVER}://{BOOTSTRAP}",
     consumer_auto_offset_reset="earliest",

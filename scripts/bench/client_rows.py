@@ -109,51 +109,48 @@ def _take(messages: list[Any]) -> int:
     return touched
 
 
-async def consume_rdkafka(cfg: dict[str, Any]) -> int:
-    """confluent-kafka's ``consume(num_messages=500)``, blocking: no event loop at all."""
+async def _drain(cfg: dict[str, Any], fetch: Callable[[Any, int], Awaitable[list[Any]]]) -> int:
     consumer, seen = _rdkafka_consumer(cfg), 0
     try:
         while seen < cfg["records"]:
             # Never more than remain: a call short of its count waits out its timeout.
-            messages = consumer.consume(min(CHUNK, cfg["records"] - seen), timeout=1.0)
+            messages = await fetch(consumer, min(CHUNK, cfg["records"] - seen))
             _take(messages)
             seen += len(messages)
         return _end(cfg, seen)
     finally:
         consumer.close()
+
+
+async def consume_rdkafka(cfg: dict[str, Any]) -> int:
+    """confluent-kafka's ``consume(num_messages=500)``, blocking: the loop does nothing else."""
+
+    async def blocking(consumer: Any, wanted: int) -> list[Any]:
+        return list(consumer.consume(wanted, timeout=1.0))
+
+    return await _drain(cfg, blocking)
 
 
 async def consume_rdkafka_loop(cfg: dict[str, Any]) -> int:
     """The same, polled by the asyncio loop as a worker would: ``consume(timeout=0)``
     each turn, a 5 ms sleep when nothing is there (the loop must not block)."""
-    consumer, seen = _rdkafka_consumer(cfg), 0
-    try:
-        while seen < cfg["records"]:
-            messages = consumer.consume(min(CHUNK, cfg["records"] - seen), timeout=0)
-            if not messages:
-                await asyncio.sleep(0.005)
-                continue
-            _take(messages)
-            seen += len(messages)
-            await asyncio.sleep(0)
-        return _end(cfg, seen)
-    finally:
-        consumer.close()
+
+    async def polled(consumer: Any, wanted: int) -> list[Any]:
+        messages = list(consumer.consume(wanted, timeout=0))
+        await asyncio.sleep(0 if messages else 0.005)
+        return messages
+
+    return await _drain(cfg, polled)
 
 
 async def consume_rdkafka_thread(cfg: dict[str, Any]) -> int:
     """The same, the blocking ``consume`` in an executor thread the loop awaits."""
-    consumer, seen = _rdkafka_consumer(cfg), 0
     loop = asyncio.get_running_loop()
-    try:
-        while seen < cfg["records"]:
-            wanted = min(CHUNK, cfg["records"] - seen)
-            messages = await loop.run_in_executor(None, consumer.consume, wanted, 1.0)
-            _take(messages)
-            seen += len(messages)
-        return _end(cfg, seen)
-    finally:
-        consumer.close()
+
+    async def threaded(consumer: Any, wanted: int) -> list[Any]:
+        return list(await loop.run_in_executor(None, consumer.consume, wanted, 1.0))
+
+    return await _drain(cfg, threaded)
 
 
 # produce: every record to its key's partition, acks=all, idempotent, linger 5 ms

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
+import os
 import random
 import time
 from typing import Any
@@ -12,6 +14,21 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from streams.partitions import partition_of
+
+
+def bench_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
+    """A bench command's parser, with the broker and the workload as every one takes them."""
+    parse = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = parse.add_argument
+    add("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"))
+    add("--actions", type=int, default=200_000)
+    add("--sessions", type=int, default=5_000)
+    add("--max-batch", type=int, default=3)
+    add("--partitions", type=int, default=8)
+    add("--seed", type=int, default=1)
+    return parse
 
 
 def workload(
