@@ -38,6 +38,7 @@ __all__ = [
 # orjson reads integers past 2**64 as floats (pydantic then rounds them): the exact
 # Structs take int64 only and leave larger ones to pydantic.
 _Int = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+_BOUNDED: dict[Any, Any] = {int: _Int, dict[str, int]: dict[str, _Int]}
 
 
 def struct_of(
@@ -56,9 +57,9 @@ def struct_of(
     for field_name, field in model.model_fields.items():
         if tag and field_name == "op":
             continue
-        kind = kinds.get(field_name, field.annotation)
+        kind: Any = kinds.get(field_name, field.annotation)
         if forbid:  # exact: an integer orjson would read as a float goes to pydantic
-            kind = {int: _Int, dict[str, int]: dict[str, _Int]}.get(kind, kind)
+            kind = _BOUNDED.get(kind, kind)
         if field.default_factory is not None:
             factory = field.default_factory
             fields.append((field_name, kind, msgspec.field(default_factory=factory)))  # type: ignore[arg-type]
@@ -221,7 +222,7 @@ def decode_request(raw: bytes | None) -> SummarizeRequest:
     built once from one strict decode instead of validated by pydantic."""
     if raw is not None:
         try:
-            struct = _request_decoder.decode(raw)
+            struct: Any = _request_decoder.decode(raw)
         except msgspec.MsgspecError:
             pass
         else:
