@@ -20,11 +20,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from typing import cast
 
 import orjson
 from faust.types import Message
 
-from agents.accumulate.batches import TableBatches, oversized
+from agents.accumulate.batches import DecodedStates, TableBatches, oversized
 from agents.accumulate.state import (
     Emission,
     Limits,
@@ -79,6 +80,7 @@ class Accumulator:
         # Crash-safe order (streams._faust.commit.session_rank): batches, session entry, deletions.
         self.writes = writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.store = TableBatches(sessions, writes)
+        self.decoded = DecodedStates()
         # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).
         self.active = OwnedKeyCount(app, sessions, topics.actions, lambda: writes.pending(sessions))
         metrics.ACTIVE_SESSIONS.set_function(self.active)
@@ -95,11 +97,21 @@ class Accumulator:
         self.pacer = ScanPacer("accumulate.expire_idle")
 
     def load(self, session_id: str) -> SessionState | None:
-        raw = self.writes.get(self.sessions, session_id)
-        return None if raw is None else SessionState.from_bytes(raw)
+        return self.decoded.take(session_id, self.writes.get(self.sessions, session_id))
 
-    def save(self, session_id: str, raw: bytes | None, *, existed: bool = True) -> None:
-        self.writes.set(self.sessions, session_id, raw)
+    def save(
+        self,
+        session_id: str,
+        raw: bytes | None,
+        *,
+        existed: bool = True,
+        state: SessionState | None = None,
+    ) -> None:
+        """``state``: what ``raw`` encodes, kept for the session's next payload."""
+        writes = self.writes
+        writes.set(self.sessions, session_id, raw)
+        if state is not None and raw is not None:
+            self.decoded.keep(session_id, cast(bytes, writes.get(self.sessions, session_id)), state)
         if existed != (raw is not None):
             self.active.changed(session_id, 1 if raw is not None else -1)
 
@@ -159,7 +171,7 @@ class Accumulator:
                 await dead_letters.write(message, too_large)
                 continue
             store.commit()
-            self.save(sid, raw, existed=not is_new)
+            self.save(sid, raw, existed=not is_new, state=state)
             emissions.extend((sid, e) for e in out)
             metrics.ACTIONS_IN.inc(len(payload.actions))
             if state.debounce:
@@ -242,7 +254,7 @@ class Accumulator:
                     flushed = flush_debounce(state, self.limits, now, self.store)
                     await self.emit((sid, e) for e in flushed)
                     self.store.commit()
-                    self.save(sid, state.to_bytes())
+                    self.save(sid, state.to_bytes(), state=state)
                     await self.writes.seal()
                     self.debouncing.discard(sid)
 

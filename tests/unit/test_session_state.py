@@ -6,6 +6,7 @@ import itertools
 
 import orjson
 
+from agents.accumulate.batches import DecodedStates
 from agents.accumulate.state import (
     Limits,
     MemoryBatchStore,
@@ -184,3 +185,24 @@ def test_an_upgraded_worker_reads_the_old_changelogs_entries() -> None:
     summary = b'{"generation":3,"summary":"s","covered_to":10,"requested_to":10,"carry":[],'
     summary += b'"carry_from":null,"closed":false,"updated_at":5.0}'
     assert SummaryState.from_bytes(summary) == SummaryState(**orjson.loads(summary))
+
+
+def test_a_kept_state_is_handed_out_once_and_only_for_the_bytes_it_was_saved_as() -> None:
+    states = DecodedStates(limit=2)
+    store = MemoryBatchStore()
+    limits = Limits(threshold=50, max_actions_per_batch=100)
+    state, _ = apply_payload(None, payload(2), offset=1, limits=limits, now=1.0, store=store)
+    raw = state.to_bytes()
+    states.keep("s1", raw, state)
+    assert states.take("s1", raw) is state
+    again = states.take("s1", raw)  # handed out already (its taker may have changed it)
+    assert again is not state and again == SessionState.from_bytes(raw)
+    states.keep("s1", raw, state)
+    equal_bytes = bytes(bytearray(raw))  # e.g. read back from RocksDB: decoded, not trusted
+    assert states.take("s1", equal_bytes) is not state
+    states.keep("s1", raw, state)
+    assert states.take("s1", None) is None  # the session is gone
+    for sid in ("a", "b", "c"):
+        states.keep(sid, raw, state)
+    assert states.take("a", raw) is not state  # the oldest of three went (limit 2)
+    assert states.take("c", raw) is state
