@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -151,10 +152,21 @@ def new_ledger() -> dict[str, Any]:
 
 
 def _entry(seq: int, action: SlimAction) -> dict[str, Any]:
-    text = one_line(f"{action.type or 'action'}: {action.description or action.title}")
+    return {"seq": seq, "text": _entry_text(action.type, action.description or action.title)}
+
+
+# Remembered, as LedgerLimits.kinds: a product's actions repeat their texts and pages.
+@lru_cache(maxsize=KINDS_REMEMBERED)
+def _entry_text(kind: str, what: str) -> str:
+    text = one_line(f"{kind or 'action'}: {what}")
     if len(text) > ENTRY_MAX_CHARS:
         text = text[: ENTRY_MAX_CHARS - 1] + "…"
-    return {"seq": seq, "text": text}
+    return text
+
+
+@lru_cache(maxsize=KINDS_REMEMBERED)
+def _page(url: str) -> str:
+    return one_line(url or "(unknown page)")
 
 
 def _push(entries: list[dict[str, Any]], entry: dict[str, Any], keep: int) -> None:
@@ -183,7 +195,7 @@ def update_ledger(
         if not ledger["first_at"]:
             ledger["first_at"] = started
         ledger["last_at"] = max(ledger["last_at"], ended)
-        page = one_line(action.canonical_url or action.raw_url or "(unknown page)")
+        page = _page(action.canonical_url or action.raw_url)
         if page in pages:
             pages[page] += 1
         else:
