@@ -137,6 +137,11 @@ def test_an_input_payload_decodes_as_pydantic_decodes_it(data: Any) -> None:
         b'{"session_id":"s","type":5,"count":"x"}',
         b'{"session_id":"s","user_id":"","email":""}',
         b'{"session_id":"a\\u001fb"}',
+        b'{"session_id":"\\ud83d\\ude00"}',  # an escaped surrogate pair
+        b'{"session_id":"s","product_id":"\\ud800"}',  # a lone one
+        b'{"session_id":"s","forwarded_at":-0,"actions":[{"index":-0,"timestamp_end":1E5}]}',
+        b'{"session_id":"s","actions":[{"index":1.0}]}',
+        b'{"session_id":"s","forwarded_at":18446744073709551617}',
         b'\xef\xbb\xbf{"session_id":"s"}',
         b'{"session_id":"s"} x',
     ],
