@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 ENTRY_MAX_CHARS = 120
+KINDS_REMEMBERED = 4096  # texts whose kinds LedgerLimits.kinds keeps
 # Matched against "type: title description". Defaults: form submits, errors,
 # button clicks and the actions support agents ask about (upgrades, exports, ...).
 DEFAULT_KEY_PATTERN = (
@@ -61,12 +63,24 @@ class LedgerLimits:
         # Compiled once per Limits (re caches too, but a lookup per action is measurable).
         object.__setattr__(self, "_key", re.compile(self.key_pattern))
         object.__setattr__(self, "_error", re.compile(self.error_pattern))
+        object.__setattr__(self, "_kinds", {})
 
     def is_key(self, text: str) -> bool:
         return self._key.search(text) is not None  # type: ignore[attr-defined,no-any-return]
 
     def is_error(self, text: str) -> bool:
         return self._error.search(text) is not None  # type: ignore[attr-defined,no-any-return]
+
+    def kinds(self, text: str) -> tuple[bool, bool]:
+        """(``is_error``, ``is_key``), remembered: a product's actions repeat their texts, and
+        the two searches were a third of the ledger's cost (scripts/bench, --profile)."""
+        kinds: dict[str, tuple[bool, bool]] = self._kinds  # type: ignore[attr-defined]
+        found = kinds.get(text)
+        if found is None:
+            if len(kinds) >= KINDS_REMEMBERED:
+                kinds.clear()
+            found = kinds[text] = (self.is_error(text), self.is_key(text))
+        return found
 
 
 class LedgerEntry(BaseModel):
@@ -138,10 +152,21 @@ def new_ledger() -> dict[str, Any]:
 
 
 def _entry(seq: int, action: SlimAction) -> dict[str, Any]:
-    text = one_line(f"{action.type or 'action'}: {action.description or action.title}")
+    return {"seq": seq, "text": _entry_text(action.type, action.description or action.title)}
+
+
+# Remembered, as LedgerLimits.kinds: a product's actions repeat their texts and pages.
+@lru_cache(maxsize=KINDS_REMEMBERED)
+def _entry_text(kind: str, what: str) -> str:
+    text = one_line(f"{kind or 'action'}: {what}")
     if len(text) > ENTRY_MAX_CHARS:
         text = text[: ENTRY_MAX_CHARS - 1] + "…"
-    return {"seq": seq, "text": text}
+    return text
+
+
+@lru_cache(maxsize=KINDS_REMEMBERED)
+def _page(url: str) -> str:
+    return one_line(url or "(unknown page)")
 
 
 def _push(entries: list[dict[str, Any]], entry: dict[str, Any], keep: int) -> None:
@@ -170,7 +195,7 @@ def update_ledger(
         if not ledger["first_at"]:
             ledger["first_at"] = started
         ledger["last_at"] = max(ledger["last_at"], ended)
-        page = one_line(action.canonical_url or action.raw_url or "(unknown page)")
+        page = _page(action.canonical_url or action.raw_url)
         if page in pages:
             pages[page] += 1
         else:
@@ -180,14 +205,13 @@ def update_ledger(
                 least = min(pages, key=pages.__getitem__)
                 ledger["other_page_actions"] += pages.pop(least)
             pages[page] = 1
-        entry = _entry(seq, action)
         if ledger["first_step"] is None:
-            ledger["first_step"] = entry
-        text = f"{action.type}: {action.title} {action.description}"
-        if limits.is_error(text):
+            ledger["first_step"] = _entry(seq, action)
+        is_error, is_key = limits.kinds(f"{action.type}: {action.title} {action.description}")
+        if is_error:
             ledger["errors_total"] += 1
-            _push(ledger["errors"], entry, limits.errors)
-        if limits.is_key(text):
+            _push(ledger["errors"], _entry(seq, action), limits.errors)
+        if is_key:
             ledger["key_actions_total"] += 1
-            _push(ledger["key_actions"], entry, limits.key_actions)
+            _push(ledger["key_actions"], _entry(seq, action), limits.key_actions)
     ledger["last_step"] = _entry(seq_from + len(actions) - 1, actions[-1])

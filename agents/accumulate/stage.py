@@ -20,11 +20,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from typing import cast
 
 import orjson
 from faust.types import Message
 
-from agents.accumulate.batches import TableBatches, oversized
+from agents.accumulate.batches import DecodedStates, TableBatches, oversized
 from agents.accumulate.state import (
     Emission,
     Limits,
@@ -36,7 +37,8 @@ from agents.accumulate.state import (
     flush_debounce,
 )
 from agents.pii import build_pii_filter
-from schemas import ActionsPayload, EraseRequest, InvalidMessage, SessionErased, decode
+from schemas import EraseRequest, InvalidMessage, SessionErased
+from schemas.fast import decode_input
 from streams._faust.batch_source import BatchSource
 from streams._faust.write_behind import WriteBehind
 from streams.app import ContextApp
@@ -78,6 +80,7 @@ class Accumulator:
         # Crash-safe order (streams._faust.commit.session_rank): batches, session entry, deletions.
         self.writes = writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.store = TableBatches(sessions, writes)
+        self.decoded = DecodedStates()
         # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).
         self.active = OwnedKeyCount(app, sessions, topics.actions, lambda: writes.pending(sessions))
         metrics.ACTIVE_SESSIONS.set_function(self.active)
@@ -94,11 +97,21 @@ class Accumulator:
         self.pacer = ScanPacer("accumulate.expire_idle")
 
     def load(self, session_id: str) -> SessionState | None:
-        raw = self.writes.get(self.sessions, session_id)
-        return None if raw is None else SessionState.from_bytes(raw)
+        return self.decoded.take(session_id, self.writes.get(self.sessions, session_id))
 
-    def save(self, session_id: str, raw: bytes | None, *, existed: bool = True) -> None:
-        self.writes.set(self.sessions, session_id, raw)
+    def save(
+        self,
+        session_id: str,
+        raw: bytes | None,
+        *,
+        existed: bool = True,
+        state: SessionState | None = None,
+    ) -> None:
+        """``state``: what ``raw`` encodes, kept for the session's next payload."""
+        writes = self.writes
+        writes.set(self.sessions, session_id, raw)
+        if state is not None and raw is not None:
+            self.decoded.keep(session_id, cast(bytes, writes.get(self.sessions, session_id)), state)
         if existed != (raw is not None):
             self.active.changed(session_id, 1 if raw is not None else -1)
 
@@ -131,7 +144,7 @@ class Accumulator:
                 emissions.extend(self.forget(erase, now))
                 continue
             try:
-                payload = decode(ActionsPayload, message.value)
+                payload = decode_input(message.value)
             except InvalidMessage as exc:
                 await dead_letters.write(message, exc.reason)
                 continue
@@ -158,7 +171,7 @@ class Accumulator:
                 await dead_letters.write(message, too_large)
                 continue
             store.commit()
-            self.save(sid, raw, existed=not is_new)
+            self.save(sid, raw, existed=not is_new, state=state)
             emissions.extend((sid, e) for e in out)
             metrics.ACTIONS_IN.inc(len(payload.actions))
             if state.debounce:
@@ -241,7 +254,7 @@ class Accumulator:
                     flushed = flush_debounce(state, self.limits, now, self.store)
                     await self.emit((sid, e) for e in flushed)
                     self.store.commit()
-                    self.save(sid, state.to_bytes())
+                    self.save(sid, state.to_bytes(), state=state)
                     await self.writes.seal()
                     self.debouncing.discard(sid)
 
@@ -250,7 +263,7 @@ def _erase_request(message: Message) -> EraseRequest | None:
     try:
         data = orjson.loads(message.value or b"")
     except orjson.JSONDecodeError:
-        return None  # decode() says why, below
+        return None  # decode_input() says why, below
     if not isinstance(data, dict) or data.get("type") != "erase":
         return None  # an actions payload that merely contains the word
     return EraseRequest.model_validate(data)

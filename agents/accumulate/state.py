@@ -130,7 +130,7 @@ def _write_batch(
     """Assign sequence numbers to one batch, emit it, and cross the threshold if due."""
     out: list[Emission] = []
     for chunk in _chunks(payload, limits.max_actions_per_batch):
-        body = orjson.dumps(chunk.model_dump(mode="json"))
+        body = chunk.__pydantic_serializer__.to_json(chunk)  # model_dump + orjson: 3x the cost
         if state.pending_batches and state.pending_bytes + len(body) > limits.max_pending_bytes:
             out.append(_summarize_request(state, chunk.session_id, now, store, final=False))
         seq_from = state.next_seq

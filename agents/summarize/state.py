@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from agents.summarizer import cap_summary, offline_summary
-from schemas import ActionsPayload, SessionErased, SummarizeRequest, decode
+from schemas import ActionsPayload, SessionErased, SummarizeRequest, decode, fast
 from schemas.records import JsonRecord
 from streams.topics import MESSAGE_MAX_BYTES
 
@@ -105,7 +105,7 @@ def fold_large_carry(
 def decode_request(raw: bytes | None) -> SummarizeRequest | SessionErased:
     if raw is not None and b'"session_erased"' in raw:
         return decode(SessionErased, raw)
-    return decode(SummarizeRequest, raw)
+    return fast.decode_request(raw)
 
 
 def conversation_id(payloads: list[ActionsPayload]) -> str | None:

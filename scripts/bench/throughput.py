@@ -75,10 +75,12 @@ async def bench_accumulate(
             workers.start("agents.app", "pipeline", args.port)
             await wait_healthy(client, [args.port])
             cpu_start = workers.cpu_seconds()[0]
+            workers.profile()
             start = await offer_backlog(args, env, payloads)
             done = await accumulator_done(client, args, env["AC_TOPIC_PREFIX"], len(payloads))
             cpu = workers.cpu_seconds()[0] - cpu_start
             rss = workers.peak_rss_mb()[0]
+            workers.stop_profiles()
     finally:
         workers.stop()
     return {

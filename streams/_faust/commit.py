@@ -77,10 +77,12 @@ async def outputs_acknowledged(acks: Iterable[Awaitable[Any]]) -> None:
         await ack
 
 
-def log_writes(app: Any, writes: Sequence[Any], rank: Rank = session_rank) -> Written:
+def log_writes(
+    app: Any, writes: Sequence[Any], rank: Rank = session_rank, compact: bool = True
+) -> Written:
     """Step 3: produce ``writes``' changelog records in crash-safe order."""
     return [
-        (write[0], changelog.write(app, write[0], write[1], write[2]))
+        (write[0], changelog.write(app, write[0], write[1], write[2], compact))
         for write in crash_safe_order(writes, rank)
     ]
 

@@ -147,7 +147,7 @@ class WriteBehind:
             # replayed (tests/unit/test_write_behind.py, "deferred").
             append = self._app.append
             await outputs_acknowledged([await append(*record) for record in unit.deferred])
-        unit.changelog = log_writes(self._app, unit.writes, self._order_of)
+        unit.changelog = log_writes(self._app, unit.writes, self._order_of, compact=False)
         await self._recorded.put(unit)
 
     async def _acknowledge(self, unit: _Unit) -> None:

@@ -57,6 +57,11 @@ def test_a_stored_batch_decodes_to_the_model_pydantic_validated(data: dict) -> N
     assert fast.model_dump() == validated.model_dump()
     assert fast.to_text() == validated.to_text()
     assert [type(a) for a in fast.actions] == [type(a) for a in validated.actions]
+    # The accumulator stores pydantic-core's JSON of a batch (agents.accumulate.state): the
+    # same document as model_dump + orjson, with the same types (repr: 1 is not 1.0).
+    body = validated.__pydantic_serializer__.to_json(validated)
+    assert repr(orjson.loads(body)) == repr(orjson.loads(_stored(validated)))
+    assert decode_payload(body) == validated
 
 
 def test_the_benchmark_workload_round_trips() -> None:

@@ -130,3 +130,10 @@ def test_the_ledger_renders_compactly_in_good_english() -> None:
         "- First step: [1] error: Saw error 'OAuth failed'\n"
         "- Last step: [1] error: Saw error 'OAuth failed'"
     )
+
+
+def test_remembered_kinds_are_the_searches_answers_past_the_bound() -> None:
+    limits = LedgerLimits()
+    texts = [f"click: Button {i} error" if i % 3 else f"submit: form {i}" for i in range(5000)]
+    for text in texts + texts[:10]:  # past KINDS_REMEMBERED: forgotten, then found again
+        assert limits.kinds(text) == (limits.is_error(text), limits.is_key(text))

@@ -6,6 +6,7 @@ import itertools
 
 import orjson
 
+from agents.accumulate.batches import DecodedStates
 from agents.accumulate.state import (
     Limits,
     MemoryBatchStore,
@@ -16,6 +17,7 @@ from agents.accumulate.state import (
     debounce_due,
     flush_debounce,
 )
+from agents.summarize.state import SummaryState
 from schemas import ActionsPayload, ActionsWritten, SummarizeRequest
 
 
@@ -151,3 +153,56 @@ def test_a_summary_is_requested_early_when_pending_batches_would_not_fit_a_messa
     assert covered[0][0] == 1
     assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(covered))
     assert state is not None and state.summarized_to == covered[-1][1]
+
+
+# A session entry as the worker before msgspec (45bd0c6) wrote it: debounced payloads, a ledger.
+OLD_ENTRY = (
+    b'{"generation":7,"product_id":"p","conversation_id":"c","next_seq":3,"last_offset":8,'
+    b'"summarized_to":0,"first_batch":0,"next_batch":1,"pending_actions":2,"pending_bytes":586,'
+    b'"debounce":[{"product_id":"p","session_id":"s","user_id":null,"email":null,"actions":'
+    b'[{"title":"Submit form","description":"Upgrade plan","canonical_url":"/billing","index":0,'
+    b'"type":"submit","timestamp_start":0.0,"timestamp_end":0.0,"raw_url":"","session_id":null,'
+    b'"user_id":null,"email":null,"conversation_id":null}],"count":1,"forwarded_at":0.0,'
+    b'"conversation_id":"c"}],"debounce_first":100.0,"debounce_last":100.0,"last_seen":101.0,'
+    b'"ingested_at":100.5,"ledger":{"actions":2,"batches":1,"first_at":101.0,"last_at":101.0,'
+    b'"pages":{"/billing":2},"other_page_actions":0,"errors":[],"errors_total":0,"key_actions":'
+    b'[{"seq":1,"text":"submit: Upgrade plan"},{"seq":2,"text":"submit: Upgrade plan"}],'
+    b'"key_actions_total":2,"first_step":{"seq":1,"text":"submit: Upgrade plan"},'
+    b'"last_step":{"seq":2,"text":"submit: Upgrade plan"}}}'
+)
+
+
+def test_an_upgraded_worker_reads_the_old_changelogs_entries() -> None:
+    older = orjson.dumps({k: v for k, v in orjson.loads(OLD_ENTRY).items() if k != "ledger"})
+    odd = OLD_ENTRY.replace(b'"last_seen":101.0', b'"last_seen":"101"')  # not the declared type
+    for raw in (OLD_ENTRY, older, odd):
+        state = SessionState.from_bytes(raw)
+        assert state == SessionState(**orjson.loads(raw))
+        assert [type(v) for v in vars(state).values()] == [
+            type(v) for v in vars(SessionState(**orjson.loads(raw))).values()
+        ]
+        assert state.to_bytes() == orjson.dumps(SessionState(**orjson.loads(raw)))
+    summary = b'{"generation":3,"summary":"s","covered_to":10,"requested_to":10,"carry":[],'
+    summary += b'"carry_from":null,"closed":false,"updated_at":5.0}'
+    assert SummaryState.from_bytes(summary) == SummaryState(**orjson.loads(summary))
+
+
+def test_a_kept_state_is_handed_out_once_and_only_for_the_bytes_it_was_saved_as() -> None:
+    states = DecodedStates(limit=2)
+    store = MemoryBatchStore()
+    limits = Limits(threshold=50, max_actions_per_batch=100)
+    state, _ = apply_payload(None, payload(2), offset=1, limits=limits, now=1.0, store=store)
+    raw = state.to_bytes()
+    states.keep("s1", raw, state)
+    assert states.take("s1", raw) is state
+    again = states.take("s1", raw)  # handed out already (its taker may have changed it)
+    assert again is not state and again == SessionState.from_bytes(raw)
+    states.keep("s1", raw, state)
+    equal_bytes = bytes(bytearray(raw))  # e.g. read back from RocksDB: decoded, not trusted
+    assert states.take("s1", equal_bytes) is not state
+    states.keep("s1", raw, state)
+    assert states.take("s1", None) is None  # the session is gone
+    for sid in ("a", "b", "c"):
+        states.keep(sid, raw, state)
+    assert states.take("a", raw) is not state  # the oldest of three went (limit 2)
+    assert states.take("c", raw) is state

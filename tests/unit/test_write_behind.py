@@ -121,3 +121,40 @@ async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_th
 
 async def _ack(acked: list[str], record: str) -> None:
     acked.append(record)
+
+
+class _Store(dict[str, Any]):
+    def set_persisted_offset(self, tp: Any, offset: int) -> None:
+        pass
+
+
+async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
+    # One compact copy (WriteBehind.set's), not a second one in the store: the accumulator
+    # keeps a session's decoded state against that very object (DecodedStates).
+    acks, taken = _Acks(), []
+    store = _Store()
+    table = SimpleNamespace(
+        partition_for_key=lambda key: 0,
+        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
+        data=store,
+    )
+    app = _App(acks)
+
+    def changelog(topic: str, partition: int, key: bytes, value: Any, then: Any) -> Any:
+        taken.append(then)
+        return acks.future(topic, value)
+
+    app.appender = SimpleNamespace(append=changelog)
+
+    async def on_error(where: str, exc: BaseException) -> None:
+        raise AssertionError(f"{where}: {exc!r}")
+
+    writes = WriteBehind(cast(Any, app), on_error=on_error)
+    writes.set(cast(Any, table), "s", b"state")
+    seen = writes.get(cast(Any, table), "s")
+    await writes.seal()
+    await wait_for(lambda: "changelog" in acks.pending, timeout=5)
+    taken.pop()()  # the broker has the record: the store takes the value
+    acks.resolve("changelog")
+    await wait_for(lambda: not writes._overlay, timeout=5)
+    assert store["s"] is seen

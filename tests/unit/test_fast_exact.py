@@ -1,0 +1,241 @@
+"""schemas.fast's exact paths: an input payload or a summarize request decoded with
+msgspec gives exactly pydantic's model, or pydantic's refusal (pydantic is the oracle)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload, close_idle
+from schemas import ActionsPayload, InvalidMessage, SummarizeRequest, decode
+from schemas.fast import decode_input, decode_request
+from scripts.bench.workload import workload
+
+big_ints = st.sampled_from([2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, 10**30])
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | big_ints
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+    | st.sampled_from(["", "\x1f", "s\x1fx", "5", "1.5", "true", "null"])
+)
+anything = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=6,
+)
+text = st.text(max_size=12)
+ACTION_KINDS: dict[str, Any] = {
+    "title": text,
+    "description": text,
+    "canonical_url": text,
+    "index": st.integers(-(2**40), 2**40),
+    "type": text,
+    "timestamp_start": st.floats(allow_nan=False, allow_infinity=False) | st.integers(0, 2**40),
+    "timestamp_end": st.floats(allow_nan=False, allow_infinity=False),
+    "raw_url": text,
+    "session_id": st.none() | text,
+    "user_id": st.none() | text,
+    "email": st.none() | text,
+    "conversation_id": st.none() | text,
+}
+PAYLOAD_KINDS: dict[str, Any] = {
+    "type": st.just("actions"),
+    "product_id": text,
+    "user_id": st.none() | text,
+    "email": st.none() | st.sampled_from(["", "a@b.c"]),
+    "count": st.integers(0, 9),
+    "forwarded_at": st.floats(allow_nan=False, allow_infinity=False) | st.integers(0, 2**40),
+    "conversation_id": st.none() | text,
+}
+
+
+def _mostly(kind: Any, other: Any) -> Any:
+    """``kind`` six times in seven (one_of would weigh the two alike)."""
+    return st.integers(0, 6).flatmap(lambda i: other if i == 6 else kind)
+
+
+def _field(kind: Any) -> Any:
+    """Mostly well typed, sometimes anything at all (null, mistyped, nested)."""
+    return _mostly(kind, anything)
+
+
+def _object(kinds: dict[str, Any], extra: bool) -> Any:
+    optional = {k: _field(v) for k, v in kinds.items()}
+    if extra:
+        optional["zz_extra"] = anything
+    return st.fixed_dictionaries({}, optional=optional)
+
+
+actions = _mostly(_object(ACTION_KINDS, extra=False), _object(ACTION_KINDS, extra=True) | anything)
+payloads = st.builds(
+    lambda base, sid, acts: {**base, **sid, **acts},
+    _mostly(_object(PAYLOAD_KINDS, extra=False), _object(PAYLOAD_KINDS, extra=True)),
+    _mostly(
+        st.fixed_dictionaries({"session_id": _field(st.text(min_size=1, max_size=10))}), st.just({})
+    ),
+    _mostly(
+        st.fixed_dictionaries({"actions": st.lists(actions, max_size=3)}),
+        st.just({}) | st.fixed_dictionaries({"actions": anything}),
+    ),
+)
+
+
+def dumps(data: Any) -> bytes:
+    return json.dumps(data, ensure_ascii=False).encode()  # orjson refuses ints past 64 bits
+
+
+def outcome(decoder: Any, raw: bytes | None) -> tuple[str, str]:
+    """What a decoder gives: the model dumped with its types (repr: 1 is not 1.0), or why not."""
+    try:
+        model = decoder(raw)
+    except InvalidMessage as exc:
+        return ("refused", exc.reason)
+    return (type(model).__name__, repr(model.model_dump()))
+
+
+def _pydantic_input(raw: bytes | None) -> ActionsPayload:
+    return decode(ActionsPayload, raw)
+
+
+def _pydantic_request(raw: bytes | None) -> SummarizeRequest:
+    return decode(SummarizeRequest, raw)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_mostly(payloads, anything))
+def test_an_input_payload_decodes_as_pydantic_decodes_it(data: Any) -> None:
+    raw = dumps(data)
+    assert outcome(decode_input, raw) == outcome(_pydantic_input, raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        None,
+        b"",
+        b"[]",
+        b'"s"',
+        b'{"session_id":"s","x":"\xff"}',  # invalid UTF-8 in a field nobody reads
+        b'{"session_id":"s","x":1e400}',
+        b'{"session_id":"s","x":' + b"[" * 2000 + b"]" * 2000 + b"}",
+        b'{"session_id":"s","forwarded_at":1e400}',
+        b'{"session_id":"s","actions":[{"index":18446744073709551617}]}',
+        b'{"session_id":"s","actions":[{"index":1e2}]}',
+        b'{"session_id":"s","actions":[{"index":"5"}]}',
+        b'{"session_id":"s","actions":[{"index":true}]}',
+        b'{"session_id":"s","actions":[{"title":null,"index":null}]}',
+        b'{"session_id":"s","actions":[{"index":"x"}],"actions":[]}',  # the last one counts
+        b'{"session_id":"","session_id":"s"}',
+        b'{"session_id":"s","type":5,"count":"x"}',
+        b'{"session_id":"s","user_id":"","email":""}',
+        b'{"session_id":"a\\u001fb"}',
+        b'{"session_id":"\\ud83d\\ude00"}',  # an escaped surrogate pair
+        b'{"session_id":"s","product_id":"\\ud800"}',  # a lone one
+        b'{"session_id":"s","forwarded_at":-0,"actions":[{"index":-0,"timestamp_end":1E5}]}',
+        b'{"session_id":"s","actions":[{"index":1.0}]}',
+        b'{"session_id":"s","forwarded_at":18446744073709551617}',
+        b'\xef\xbb\xbf{"session_id":"s"}',
+        b'{"session_id":"s"} x',
+    ],
+)
+def test_edge_inputs_decode_as_pydantic_decodes_them(raw: bytes | None) -> None:
+    assert outcome(decode_input, raw) == outcome(_pydantic_input, raw)
+
+
+def _requests() -> list[bytes]:
+    """Real requests, as the accumulator emits them (ledger on), and final ones."""
+    store, limits = MemoryBatchStore(), Limits(threshold=10, max_actions_per_batch=3)
+    states: dict[str, Any] = {}
+    out = []
+    for offset, data in enumerate(workload(400, 4, 3, min_batch=1, max_batch=5)):
+        payload = ActionsPayload.model_validate(data)
+        sid = payload.session_id
+        states[sid], emitted = apply_payload(
+            states.get(sid), payload, offset, limits, 1.0, store=store
+        )
+        out.extend(e.value for e in emitted if e.topic == "summarize")
+    for sid, state in states.items():
+        out.extend(e.value for e in close_idle(state, sid, limits, 2.0, store))
+    return out
+
+
+REQUESTS = _requests()
+
+
+def test_real_requests_decode_to_pydantic_models() -> None:
+    assert len(REQUESTS) > 10
+    for raw in REQUESTS:
+        fast, validated = decode_request(raw), decode(SummarizeRequest, raw)
+        assert fast == validated
+        assert repr(fast.model_dump()) == repr(validated.model_dump())
+        assert fast.ledger is not None and fast.ledger.render() == validated.ledger.render()  # type: ignore[union-attr]
+
+
+def _changed(**changes: Any) -> bytes:
+    data = orjson.loads(REQUESTS[0])
+    data.update(changes)
+    return dumps(data)
+
+
+def _batch_changed(**changes: Any) -> bytes:
+    data = orjson.loads(REQUESTS[0])
+    data["batches"][0].update(changes)
+    return dumps(data)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (None, "empty message"),
+        (b"{not json", "not valid JSON"),
+        (_changed(seq_from=0), "seq_from"),
+        (_changed(seq_to=0), "seq_to"),
+        (_changed(generation=-1), "generation"),
+        (_changed(seq_from=5, seq_to=4), "empty range"),
+        (_changed(seq_from=5, seq_to=4, final=True), "empty range"),  # a final with batches
+        (_changed(seq_from=6, seq_to=4, final=True, batches=[]), "empty range"),
+        (_changed(created_at=None), "created_at"),
+        (_changed(ledger=[]), "ledger"),
+        (_changed(ledger={"pages": {"p": "x"}}), "ledger.pages"),
+        (_changed(batches=None), "batches"),
+        (_batch_changed(session_id=""), "session_id is missing"),
+        (_batch_changed(session_id="a\x1fb"), r"U\+001F"),
+        (_batch_changed(actions=[{"index": "x"}]), "index"),
+    ],
+)
+def test_each_refusal_is_pydantics(raw: bytes | None, reason: str) -> None:
+    with pytest.raises(InvalidMessage, match=reason):
+        decode_request(raw)
+    assert outcome(decode_request, raw) == outcome(_pydantic_request, raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        _changed(seq_from=5, seq_to=4, final=True, batches=[]),  # a close right after a summary
+        _changed(extra_field={"x": 1}),
+        _changed(ledger=None),
+        _changed(generation=2**64 + 1),
+        _batch_changed(user_id="", email=""),
+        _batch_changed(count=99),
+    ],
+)
+def test_accepted_variants_decode_as_pydantic_decodes_them(raw: bytes) -> None:
+    assert outcome(decode_request, raw) == outcome(_pydantic_request, raw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(orjson.loads(REQUESTS[0]))), anything)
+def test_a_request_with_any_field_changed_decodes_as_pydantic_decodes_it(
+    name: str, value: Any
+) -> None:
+    raw = _changed(**{name: value})
+    assert outcome(decode_request, raw) == outcome(_pydantic_request, raw)
