@@ -21,8 +21,23 @@ from pydantic import BaseModel
 
 from schemas.actions import ActionsPayload, SlimAction
 from schemas.codec import InvalidMessage
+from schemas.ledger import SessionLedger
+from schemas.operations import (
+    ActionsWritten,
+    SessionErased,
+    SummaryReady,
+    SummaryUsage,
+    context_message_adapter,
+)
 
-__all__ = ["PayloadStruct", "built", "decode_payload", "payload_of", "struct_of"]
+__all__ = [
+    "PayloadStruct",
+    "built",
+    "decode_context_message",
+    "decode_payload",
+    "payload_of",
+    "struct_of",
+]
 
 
 def struct_of(
@@ -106,3 +121,58 @@ def decode_payload(raw: bytes) -> ActionsPayload:
         raise InvalidMessage(f"invalid stored batch: {exc}") from None
     except msgspec.DecodeError as exc:
         raise InvalidMessage(f"not valid JSON: {exc}") from None
+
+
+# The context topic's messages. Nested models of a summary (the ledger, the usage) stay
+# plain values, validated by pydantic: they come once per K actions.
+_WrittenStruct = struct_of(ActionsWritten, "WrittenStruct", "actions_written", payload=PayloadStruct)
+_SummaryStruct = struct_of(SummaryReady, "SummaryStruct", "summary_ready", ledger=Any, usage=Any)
+_ErasedStruct = struct_of(SessionErased, "ErasedStruct", "session_erased")
+_message_decoder = msgspec.json.Decoder(_WrittenStruct | _SummaryStruct | _ErasedStruct)  # type: ignore[valid-type]
+_NAMES = {
+    model: frozenset(model.model_fields) for model in (ActionsWritten, SummaryReady, SessionErased)
+}
+
+
+def decode_context_message(raw: bytes) -> ActionsWritten | SummaryReady | SessionErased:
+    """An operation on ``context``, equal to ``context_message_adapter``'s validation of it.
+
+    What our stages wrote is decoded with msgspec; anything it does not take as is (a
+    null for a default, an unknown op, a constraint of the models) goes to pydantic,
+    which either takes it or says why not (tests/unit/test_fast_decode.py)."""
+    try:
+        found = _fast_message(_message_decoder.decode(raw))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        found = None
+    if found is not None:
+        return found
+    try:
+        return context_message_adapter.validate_python(orjson.loads(raw))
+    except ValueError as exc:  # orjson.JSONDecodeError and ValidationError both are
+        raise InvalidMessage(f"invalid context operation: {exc}") from None
+
+
+def _fast_message(struct: Any) -> ActionsWritten | SummaryReady | SessionErased | None:
+    """The model of a decoded Struct, or None where pydantic would change or refuse it."""
+    fields = asdict(struct)
+    if isinstance(struct, _ErasedStruct):
+        fields["op"] = "session_erased"
+        return built(SessionErased, fields, _NAMES[SessionErased])
+    if not 1 <= struct.seq_from <= struct.seq_to or struct.generation < 0:
+        return None
+    if isinstance(struct, _WrittenStruct):
+        payload = struct.payload
+        session_id = payload.session_id
+        if not session_id or "\x1f" in session_id or payload.user_id == "" or payload.email == "":
+            return None  # refused, or mapped to None, by ActionsPayload's validators
+        fields["op"], fields["payload"] = "actions_written", payload_of(payload)
+        return built(ActionsWritten, fields, _NAMES[ActionsWritten])
+    fields["op"] = "summary_ready"
+    try:
+        if struct.ledger is not None:
+            fields["ledger"] = SessionLedger.model_validate(struct.ledger)
+        if struct.usage is not None:
+            fields["usage"] = SummaryUsage.model_validate(struct.usage)
+    except ValueError:
+        return None
+    return built(SummaryReady, fields, _NAMES[SummaryReady])
