@@ -125,7 +125,9 @@ def decode_payload(raw: bytes) -> ActionsPayload:
 
 # The context topic's messages. Nested models of a summary (the ledger, the usage) stay
 # plain values, validated by pydantic: they come once per K actions.
-_WrittenStruct = struct_of(ActionsWritten, "WrittenStruct", "actions_written", payload=PayloadStruct)
+_WrittenStruct = struct_of(
+    ActionsWritten, "WrittenStruct", "actions_written", payload=PayloadStruct
+)
 _SummaryStruct = struct_of(SummaryReady, "SummaryStruct", "summary_ready", ledger=Any, usage=Any)
 _ErasedStruct = struct_of(SessionErased, "ErasedStruct", "session_erased")
 _message_decoder = msgspec.json.Decoder(_WrittenStruct | _SummaryStruct | _ErasedStruct)  # type: ignore[valid-type]

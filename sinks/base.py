@@ -78,6 +78,10 @@ class Sink(ABC):
     with a default."""
 
     name: str
+    # True for a sink whose ``apply`` is local and quick (no network, no thread): the
+    # runner then applies each fetched batch in order in one task and commits it once,
+    # instead of a task and a commit per operation; a retry then holds every session.
+    inline: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Self:

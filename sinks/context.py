@@ -93,7 +93,9 @@ class SessionContext(BaseModel):
         if isinstance(op, ActionsWritten):
             if op.seq_to <= base.actions_to:
                 raise Skip(f"actions up to {op.seq_to} applied already")
-            batch = built(Batch, {"seq_from": op.seq_from, "seq_to": op.seq_to, "text": op.text}, _BATCH)
+            batch = built(
+                Batch, {"seq_from": op.seq_from, "seq_to": op.seq_to, "text": op.text}, _BATCH
+            )
             return base._copy(actions_to=op.seq_to, batches=[*base.batches, batch])
         # A final with the range of the summary before it closes the session (it went
         # idle right after that summary); anything else up to summary_to is a replay.

@@ -123,7 +123,8 @@ class Lanes(Generic[T]):
 
     def mark(self, key: str, stage: str) -> None:
         """Note what ``key``'s current item is doing now (shown by ``in_progress``)."""
-        self._stage[key] = stage
+        if key in self._started:  # not for work done outside the lanes (the sink's inline path)
+            self._stage[key] = stage
 
     def in_progress(self) -> list[tuple[str, float, str]]:
         """(key, seconds so far, stage) of each item in progress, longest first."""
