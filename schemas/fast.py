@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 import msgspec
 import orjson
 from msgspec.structs import asdict
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from schemas.actions import ActionsPayload, SlimAction
-from schemas.codec import InvalidMessage
+from schemas.codec import InvalidMessage, describe
 from schemas.ledger import SessionLedger
 from schemas.operations import (
     ActionsWritten,
@@ -125,11 +125,13 @@ def decode_payload(raw: bytes) -> ActionsPayload:
 
 # The context topic's messages. Nested models of a summary (the ledger, the usage) stay
 # plain values, validated by pydantic: they come once per K actions.
-_WrittenStruct = struct_of(
+_WrittenStruct: Any = struct_of(
     ActionsWritten, "WrittenStruct", "actions_written", payload=PayloadStruct
 )
-_SummaryStruct = struct_of(SummaryReady, "SummaryStruct", "summary_ready", ledger=Any, usage=Any)
-_ErasedStruct = struct_of(SessionErased, "ErasedStruct", "session_erased")
+_SummaryStruct: Any = struct_of(
+    SummaryReady, "SummaryStruct", "summary_ready", ledger=Any, usage=Any
+)
+_ErasedStruct: Any = struct_of(SessionErased, "ErasedStruct", "session_erased")
 _message_decoder = msgspec.json.Decoder(_WrittenStruct | _SummaryStruct | _ErasedStruct)  # type: ignore[valid-type]
 _NAMES = {
     model: frozenset(model.model_fields) for model in (ActionsWritten, SummaryReady, SessionErased)
@@ -150,8 +152,10 @@ def decode_context_message(raw: bytes) -> ActionsWritten | SummaryReady | Sessio
         return found
     try:
         return context_message_adapter.validate_python(orjson.loads(raw))
-    except ValueError as exc:  # orjson.JSONDecodeError and ValidationError both are
-        raise InvalidMessage(f"invalid context operation: {exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessage(f"invalid context operation: not valid JSON: {exc}") from None
+    except ValidationError as exc:
+        raise InvalidMessage(f"invalid context operation: {describe(exc)}") from None
 
 
 def _fast_message(struct: Any) -> ActionsWritten | SummaryReady | SessionErased | None:

@@ -153,7 +153,11 @@ class SinkStage:
                     except InvalidMessage as exc:
                         await self.dead_letters.write(message, exc.reason)
                         continue
-                    writes += await self.writes_for(decoded.session_id, ticket, decoded)
+                    try:
+                        writes += await self.writes_for(decoded.session_id, ticket, decoded)
+                    except Exception as exc:  # a bug, as in a lane: exit, nothing acked
+                        await self.app.crash_on_lane_error(decoded.session_id, exc)
+                        raise
                 await self.commit_inline(tickets, writes)
 
     async def commit_inline(self, tickets: list[Any], writes: list[Write]) -> None:
