@@ -222,3 +222,16 @@ def test_an_operation_that_is_not_valid_is_refused_with_a_reason(raw: bytes) -> 
 def test_an_operation_pydantic_takes_with_its_defaults_decodes_the_same(changes: dict) -> None:
     _validated(orjson.dumps({**WRITTEN, **changes}))  # pydantic takes it
     _same(orjson.dumps({**WRITTEN, **changes}))
+
+
+def test_the_sinks_reason_for_a_refused_operation_is_one_line() -> None:
+    """What a sink dead-letters and logs (``decode_operation``): pydantic's multi-line
+    error with its URL before, one line naming the field now."""
+    from sinks.runner.messages import decode_operation
+
+    with pytest.raises(InvalidMessage) as refused:
+        decode_operation(orjson.dumps({**WRITTEN, "seq_from": 0}))
+    assert refused.value.reason == (
+        "invalid context operation: actions_written.seq_from: "
+        "Input should be greater than or equal to 1"
+    )
