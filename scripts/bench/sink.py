@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import orjson
 
+from scripts.bench.baselines import bench_sdk
 from scripts.bench.measure import Workers, new_run, settings_of, wait_healthy, wait_metric
 from scripts.bench.workload import produce_records
 
@@ -97,6 +98,9 @@ async def bench_sink_once(
 
 
 async def run_sink(args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int) -> None:
+    # (b) in this process first, for the target's ratio (null sink <= half the SDK's CPU).
+    _, sdk_cpu = await bench_sdk([orjson.dumps(p) for p in payloads], actions, args.threshold)
+    print(f"  in-process SDK: {sdk_cpu:.1f} us of CPU per action")
     records, written, summaries = operations(payloads, args.threshold)
     args.actions_total = actions
     print(f"  {written:,} actions_written and {summaries:,} summary_ready operations")
@@ -105,6 +109,6 @@ async def run_sink(args: argparse.Namespace, payloads: list[dict[str, Any]], act
             found = await bench_sink_once(args, records, written, summaries, tree)
             print(
                 f"null sink from {tree}: {found['rate']:,.0f} actions/s, "
-                f"{found['cpu']:.1f} us of CPU per action",
+                f"{found['cpu']:.1f} us of CPU per action ({found['cpu'] / sdk_cpu:.2f}x the SDK's)",
                 flush=True,
             )
