@@ -134,6 +134,11 @@ class ContextStore:
         writes.append((table, sid, None))
         self._cache.pop(sid, None)
         self._forget_nested(sid)
+        if self._generation == self._app.consumer_generation_id:
+            # What the table holds once the tombstones are in: a later operation of the
+            # session in the same inline batch must not load the erased context
+            # (test_context.py: test_an_erased_context_is_not_loaded_before_its_tombstones_are_in).
+            self._remember(SessionContext(session_id=sid))
         return writes
 
 

@@ -192,3 +192,17 @@ def test_a_saved_context_loads_back_with_the_ledger_it_had_then() -> None:
 
 def with_ledger(op: SummaryReady, ledger: SessionLedger) -> SummaryReady:
     return op.model_copy(update={"ledger": ledger})
+
+
+def test_an_erased_context_is_not_loaded_before_its_tombstones_are_in() -> None:
+    """An inline sink applies a batch before its writes are in the table: an operation
+    after an erasure in the same batch starts from nothing, not from the erased context."""
+    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
+    store = ContextStore(cast(Any, app), cast(Any, table))
+    ctx = store.load("s")
+    after = ctx.advanced(written(1, 2))
+    for _, key, value in store.save(ctx, after):
+        assert value is not None
+        table.values[key] = value
+    store.erase(store.load("s"))  # its tombstones not in the table yet
+    assert store.load("s") == SessionContext(session_id="s")
