@@ -135,8 +135,10 @@ class SinkStage:
         it (``streams._faust.commit``'s steps for the batch's writes, then its acks in
         offset order). One batch at a time across the worker's sources (``inline_lock``),
         so a session's contexts are saved and logged in the order they were made."""
+        shown = f"(inline batch from {source.topic.get_topic_name()})"  # by the stall report
         async for batch in source.batches():
             async with self.inline_lock:
+                self.lanes.begin_outside(shown, f"applying {len(batch)} records")
                 tickets: list[Any] = []
                 writes: list[Write] = []
                 generation = self.app.consumer_generation_id
@@ -158,7 +160,9 @@ class SinkStage:
                     except Exception as exc:  # a bug, as in a lane: exit, nothing acked
                         await self.app.crash_on_lane_error(decoded.session_id, exc)
                         raise
+                self.lanes.mark(shown, "waiting for its changelog records")
                 await self.commit_inline(tickets, writes)
+                self.lanes.end_outside(shown)
 
     async def commit_inline(self, tickets: list[Any], writes: list[Write]) -> None:
         async def acknowledge() -> None:
