@@ -19,7 +19,7 @@ The lifecycle, in one sink worker (``sinks/runner/``):
    once ``apply`` returns. Any exception is retried with backoff while the
    session waits; :class:`PermanentSinkError` dead-letters the operation instead.
    After a crash an operation may come again: ``apply`` must be idempotent.
-   A sink whose ``apply`` is local and quick sets ``inline = True`` (null, stdout):
+   A sink whose ``apply`` is local and quick sets ``inline = True`` (null, stdout, view):
    each fetched batch is then applied in order in one task and committed once.
 4. ``await link(session_id, conversation_id, context)``, only for a
    :class:`LinkAwareSink`, in the same per-session order as the operations.

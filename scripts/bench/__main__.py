@@ -102,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
     add("--latency-seconds", type=float, default=20)
     add("--repeat", type=int, default=1,
         help="--mode latency, accumulate or sink: runs, each on fresh topics")  # fmt: skip
+    add("--sink", default="null", help="--mode sink: the sink (AC_SINK) to run")
     add("--tree", type=trees, default=[Path(__file__).resolve().parents[2]],
         help="--mode sink: checkouts to run the sink worker from, alternated (A,B)")  # fmt: skip
     add("--llm-concurrency", type=int, default=256)

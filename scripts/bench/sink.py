@@ -1,4 +1,4 @@
-"""``--mode sink``: a null sink worker alone over a fixed set of context operations.
+"""``--mode sink``: one sink worker alone (null, or ``--sink``) over a fixed set of context operations.
 
 The operations are what the pipeline emits for the workload: the accumulator's own
 ``actions_written`` records (``agents.accumulate.state.apply_payload``) and, for each
@@ -77,7 +77,7 @@ async def bench_sink_once(
     port = args.port + 1
     try:
         async with httpx.AsyncClient(timeout=5) as client:
-            workers.start("sinks.app", "sink-null", port, AC_SINK="null")
+            workers.start("sinks.app", f"sink-{args.sink}", port, AC_SINK=args.sink)
             await wait_healthy(client, [port])
             cpu_start = workers.cpu_seconds()[0]
             workers.profile()
@@ -108,7 +108,7 @@ async def run_sink(args: argparse.Namespace, payloads: list[dict[str, Any]], act
         for tree in args.tree:  # alternated: runs minutes apart differ more than trees do
             found = await bench_sink_once(args, records, written, summaries, tree)
             print(
-                f"null sink from {tree}: {found['rate']:,.0f} actions/s, "
+                f"{args.sink} sink from {tree}: {found['rate']:,.0f} actions/s, "
                 f"{found['cpu']:.1f} us of CPU per action ({found['cpu'] / sdk_cpu:.2f}x the SDK's)",
                 flush=True,
             )
