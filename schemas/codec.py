@@ -9,7 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.errors import AgentContextError
 
-__all__ = ["InvalidMessage", "decode", "encode"]
+__all__ = ["InvalidMessage", "decode", "describe", "encode"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -26,7 +26,7 @@ def encode(model: BaseModel) -> bytes:
     return orjson.dumps(model.model_dump(mode="json"))
 
 
-def _describe(error: ValidationError) -> str:
+def describe(error: ValidationError) -> str:
     parts = []
     for item in error.errors(include_url=False, include_input=False)[:5]:
         where = ".".join(str(p) for p in item["loc"]) or "payload"
@@ -45,4 +45,4 @@ def decode(model: type[M], raw: bytes | str | None) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise InvalidMessage(f"invalid {model.__name__}: {_describe(exc)}") from None
+        raise InvalidMessage(f"invalid {model.__name__}: {describe(exc)}") from None

@@ -17,16 +17,24 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 import orjson
 from msgspec.structs import asdict
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from schemas.actions import ActionsPayload, SlimAction
-from schemas.codec import InvalidMessage, decode
+from schemas.codec import InvalidMessage, decode, describe
 from schemas.ledger import LedgerEntry, SessionLedger
-from schemas.operations import SummarizeRequest
+from schemas.operations import (
+    ActionsWritten,
+    SessionErased,
+    SummarizeRequest,
+    SummaryReady,
+    SummaryUsage,
+    context_message_adapter,
+)
 
 __all__ = [
     "PayloadStruct",
     "built",
+    "decode_context_message",
     "decode_input",
     "decode_payload",
     "decode_request",
@@ -232,3 +240,61 @@ def decode_request(raw: bytes | None) -> SummarizeRequest:
                 fields["ledger"] = _ledger(struct.ledger)
                 return built(SummarizeRequest, fields, _REQUEST_FIELDS)
     return decode(SummarizeRequest, raw)
+
+
+# The context topic's messages, with the same exact Structs; a summary's usage stays a
+# plain value validated by pydantic (once per K actions).
+_WrittenStruct: Any = struct_of(
+    ActionsWritten, "WrittenStruct", "actions_written", forbid=True, payload=ExactPayload
+)
+_SummaryStruct: Any = struct_of(
+    SummaryReady, "SummaryStruct", "summary_ready", forbid=True, ledger=_Ledger | None, usage=Any
+)
+_ErasedStruct: Any = struct_of(SessionErased, "ErasedStruct", "session_erased", forbid=True)
+_message_decoder = msgspec.json.Decoder(_WrittenStruct | _SummaryStruct | _ErasedStruct)  # type: ignore[valid-type]
+_NAMES = {
+    model: frozenset(model.model_fields) for model in (ActionsWritten, SummaryReady, SessionErased)
+}
+
+
+def decode_context_message(raw: bytes) -> ActionsWritten | SummaryReady | SessionErased:
+    """An operation on ``context``, equal to ``context_message_adapter``'s validation of it.
+
+    What our stages wrote is decoded with msgspec; anything it does not take as is (a
+    null for a default, an unknown op, a constraint of the models) goes to pydantic,
+    which either takes it or says why not (tests/unit/test_fast_decode.py)."""
+    try:
+        found = _fast_message(_message_decoder.decode(raw))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        found = None
+    if found is not None:
+        return found
+    try:
+        return context_message_adapter.validate_python(orjson.loads(raw))
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessage(f"invalid context operation: not valid JSON: {exc}") from None
+    except ValidationError as exc:
+        raise InvalidMessage(f"invalid context operation: {describe(exc)}") from None
+
+
+def _fast_message(struct: Any) -> ActionsWritten | SummaryReady | SessionErased | None:
+    """The model of a decoded Struct, or None where pydantic would change or refuse it."""
+    fields = asdict(struct)
+    if isinstance(struct, _ErasedStruct):
+        fields["op"] = "session_erased"
+        return built(SessionErased, fields, _NAMES[SessionErased])
+    if not 1 <= struct.seq_from <= struct.seq_to or struct.generation < 0:
+        return None
+    if isinstance(struct, _WrittenStruct):
+        if not _exact(struct.payload):
+            return None  # refused by ActionsPayload's validators
+        fields["op"], fields["payload"] = "actions_written", payload_of(struct.payload)
+        return built(ActionsWritten, fields, _NAMES[ActionsWritten])
+    fields["op"] = "summary_ready"
+    fields["ledger"] = _ledger(struct.ledger)
+    try:
+        if struct.usage is not None:
+            fields["usage"] = SummaryUsage.model_validate(struct.usage)
+    except ValueError:
+        return None
+    return built(SummaryReady, fields, _NAMES[SummaryReady])

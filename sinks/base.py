@@ -19,6 +19,8 @@ The lifecycle, in one sink worker (``sinks/runner/``):
    once ``apply`` returns. Any exception is retried with backoff while the
    session waits; :class:`PermanentSinkError` dead-letters the operation instead.
    After a crash an operation may come again: ``apply`` must be idempotent.
+   A sink whose ``apply`` is local and quick sets ``inline = True`` (null, stdout, view):
+   each fetched batch is then applied in order in one task and committed once.
 4. ``await link(session_id, conversation_id, context)``, only for a
    :class:`LinkAwareSink`, in the same per-session order as the operations.
 5. ``await erase(session_id, context)`` on an erasure request: remove what the
@@ -78,6 +80,10 @@ class Sink(ABC):
     with a default."""
 
     name: str
+    # True for a sink whose ``apply`` is local and quick (no network, no thread): the
+    # runner then applies each fetched batch in order in one task and commits it once,
+    # instead of a task and a commit per operation; a retry then holds every session.
+    inline: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Self:

@@ -15,6 +15,7 @@ import orjson
 from pydantic import BaseModel, Field
 
 from schemas import ActionsWritten, SummaryReady
+from schemas.fast import built
 from schemas.ledger import SessionLedger
 from streams.errors import AgentContextError
 
@@ -92,7 +93,9 @@ class SessionContext(BaseModel):
         if isinstance(op, ActionsWritten):
             if op.seq_to <= base.actions_to:
                 raise Skip(f"actions up to {op.seq_to} applied already")
-            batch = Batch(seq_from=op.seq_from, seq_to=op.seq_to, text=op.text)
+            batch = built(
+                Batch, {"seq_from": op.seq_from, "seq_to": op.seq_to, "text": op.text}, _BATCH
+            )
             return base._copy(actions_to=op.seq_to, batches=[*base.batches, batch])
         # A final with the range of the summary before it closes the session (it went
         # idle right after that summary); anything else up to summary_to is a replay.
@@ -113,7 +116,9 @@ class SessionContext(BaseModel):
         """A copy with ``changes``: the sink's ``extra`` copied deep (a sink may change it),
         the batches shared, never changed in place (test_context.py: ..._shares_batches...)."""
         extra = copy.deepcopy(self.extra) if self.extra else {}
-        return self.model_copy(update={"extra": extra, **changes})
+        # Not ``model_copy``: its generic copy was most of a transition (py-spy; same result,
+        # test_context.py: test_a_transition_equals_pydantics_copy).
+        return built(SessionContext, {**self.__dict__, "extra": extra, **changes}, _CONTEXT)
 
     def summary_text(self) -> str:
         """The summary part of the context: the earlier visit's, then this one's, each
@@ -136,6 +141,8 @@ class SessionContext(BaseModel):
         return "\n\n".join(parts) + ("\n" if parts else "")
 
 
+_BATCH = frozenset(Batch.model_fields)
+_CONTEXT = frozenset(SessionContext.model_fields)
 REFUSED_KEPT = 10_000  # per session; the oldest are forgotten (their re-drive is skipped)
 
 

@@ -10,6 +10,7 @@ __all__ = ["NullSink"]
 
 class NullSink(Sink):
     name = "null"
+    inline = True
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         return None

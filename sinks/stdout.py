@@ -14,6 +14,7 @@ __all__ = ["StdoutSink"]
 
 class StdoutSink(Sink):
     name = "stdout"
+    inline = True
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         if isinstance(op, ActionsWritten):

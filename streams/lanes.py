@@ -123,7 +123,18 @@ class Lanes(Generic[T]):
 
     def mark(self, key: str, stage: str) -> None:
         """Note what ``key``'s current item is doing now (shown by ``in_progress``)."""
+        if key in self._started:  # not for work done outside the lanes (the sink's inline path)
+            self._stage[key] = stage
+
+    def begin_outside(self, key: str, stage: str) -> None:
+        """Work on ``key`` done outside the lanes (a sink's inline batch): shown by
+        ``in_progress`` like a lane's item, until ``end_outside``."""
+        self._started[key] = time.monotonic()
         self._stage[key] = stage
+
+    def end_outside(self, key: str) -> None:
+        self._started.pop(key, None)
+        self._stage.pop(key, None)
 
     def in_progress(self) -> list[tuple[str, float, str]]:
         """(key, seconds so far, stage) of each item in progress, longest first."""

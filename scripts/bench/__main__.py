@@ -11,6 +11,8 @@
   --mode summarizer: 2,000 sessions, an LLM that takes 500 ms: summaries per second
   --mode accumulate: the pipeline worker alone on a backlog, to durable and summarised,
     beside (b) and our accumulator's transition alone in this process (what the rest costs)
+  --mode sink [--tree OLD,NEW]: a null sink worker alone over the pipeline's operations
+    for the workload, from each checkout in turn: its CPU per action
   --mode memory: RSS of the pipeline worker as it takes on idle sessions, per store
 
 Prints figures and ratios; it is not a test. Needs the broker (make broker).
@@ -31,6 +33,7 @@ from scripts.bench import measure
 from scripts.bench.default import run_default
 from scripts.bench.latency import run_latency
 from scripts.bench.memory import run_memory
+from scripts.bench.sink import run_sink
 from scripts.bench.summarizer import run_summarizer
 from scripts.bench.throughput import run_accumulate
 from scripts.bench.workload import bench_parser, workload
@@ -62,6 +65,8 @@ async def run_mode(args: argparse.Namespace) -> None:
     )
     if args.mode == "accumulate":
         return await run_accumulate(args, payloads, raw, actions)
+    if args.mode == "sink":
+        return await run_sink(args, payloads, actions)
     return await run_default(args, payloads, raw, actions)
 
 
@@ -71,10 +76,14 @@ def loops(value: str) -> str:
     return value
 
 
+def trees(value: str) -> list[Path]:
+    return [Path(tree).resolve() for tree in value.split(",")]
+
+
 def parser() -> argparse.ArgumentParser:
     parse = bench_parser("python -m scripts.bench", __doc__)
     add = parse.add_argument
-    add("--mode", choices=["throughput", "accumulate", "summarizer", "latency", "memory"],
+    add("--mode", choices=["throughput", "accumulate", "sink", "summarizer", "latency", "memory"],
         default="throughput")  # fmt: skip
     add("--threshold", type=int, default=10)
     add("--store", default="memory://")
@@ -82,7 +91,10 @@ def parser() -> argparse.ArgumentParser:
     add("--rate", type=float, default=5_000)
     add("--latency-seconds", type=float, default=20)
     add("--repeat", type=int, default=1,
-        help="--mode latency or accumulate: runs, each on fresh topics")  # fmt: skip
+        help="--mode latency, accumulate or sink: runs, each on fresh topics")  # fmt: skip
+    add("--sink", default="null", help="--mode sink: the sink (AC_SINK) to run")
+    add("--tree", type=trees, default=[Path(__file__).resolve().parents[2]],
+        help="--mode sink: checkouts to run the sink worker from, alternated (A,B)")  # fmt: skip
     add("--llm-concurrency", type=int, default=256)
     add("--port", type=int, default=6100)
     add("--event-loop", type=loops, default="aio",

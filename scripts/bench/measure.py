@@ -29,9 +29,11 @@ class Workers:
     The newest ``Workers`` is the one ``wait_metric`` checks for a crashed worker.
     """
 
-    def __init__(self, env: dict[str, str], run_dir: Path, port: int) -> None:
+    def __init__(self, env: dict[str, str], run_dir: Path, port: int, tree: Path = ROOT) -> None:
         global WORKERS
         self.env, self.run_dir, self.port = env, run_dir, port
+        # The checkout the workers run from (``--mode sink --tree``): first on their path.
+        self.tree = tree
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.spies: list[subprocess.Popen[bytes]] = []
         WORKERS = self
@@ -39,10 +41,11 @@ class Workers:
     def start(self, module: str, name: str, port: int, **extra: str) -> None:
         log = self.run_dir / f"{name}.log"
         loop = {} if LOOP == "aio" else {"F_LOOP": LOOP}
+        path = {} if self.tree == ROOT else {"PYTHONPATH": str(self.tree)}
         proc = subprocess.Popen(
             worker_command(module, port),
-            cwd=ROOT,
-            env={**os.environ, **self.env, **loop, **extra, "AC_WEB_PORT": str(port)},
+            cwd=self.tree,
+            env={**os.environ, **self.env, **loop, **path, **extra, "AC_WEB_PORT": str(port)},
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
         )

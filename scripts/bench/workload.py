@@ -94,19 +94,29 @@ PACING_TICK_S = 0.002
 async def produce(
     bootstrap: str, topic: str, payloads: list[dict[str, Any]], rate: float | None = None
 ) -> None:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=5, acks="all", max_batch_size=256 * 1024
-    )
+    if rate is None:
+        records = [(p["session_id"].encode(), orjson.dumps(p)) for p in payloads]
+        return await produce_records(bootstrap, topic, records)
+    producer = _producer(bootstrap)
     await producer.start()
     try:
-        if rate is None:
-            futures = [
-                await producer.send(topic, orjson.dumps(p), key=p["session_id"].encode())
-                for p in payloads
-            ]
-        else:
-            futures = await _produce_paced(producer, topic, payloads, rate)
-        await asyncio.gather(*futures)
+        await asyncio.gather(*await _produce_paced(producer, topic, payloads, rate))
+    finally:
+        await producer.stop()
+
+
+def _producer(bootstrap: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=5, acks="all", max_batch_size=256 * 1024
+    )
+
+
+async def produce_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
+    """``(key, value)`` records to ``topic`` as fast as the producer goes."""
+    producer = _producer(bootstrap)
+    await producer.start()
+    try:
+        await asyncio.gather(*[await producer.send(topic, v, key=k) for k, v in records])
     finally:
         await producer.stop()
 

@@ -31,7 +31,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from schemas import ActionsWritten, SessionErased, SessionLink, decode
+from schemas import ActionsWritten, InvalidMessage, SessionErased, SessionLink, decode
 from sinks.base import (
     ContextSink,
     LinkAwareSink,
@@ -103,6 +103,7 @@ class SinkStage:
         redrive = declare_topic(app, settings, redrive_name)
         self.redriven = BatchSource(app, redrive, max_buffered=buffered)
         self.started = asyncio.Event()  # the sink's setup() ran: operations may flow
+        self.inline_lock = asyncio.Lock()  # feed_inline: one batch at a time
 
     async def run_sink(self) -> None:
         try:
@@ -122,7 +123,53 @@ class SinkStage:
         await self.feed(self.redriven, decode_redriven)
 
     async def feed(self, source: BatchSource, decoder: Callable[[bytes | None], Any]) -> None:
-        await feed_lanes(source, self.lanes, self.acks, decoder, self.dead_letters.write)
+        if getattr(self.sink, "inline", False):
+            await self.feed_inline(source, decoder)
+        else:
+            await feed_lanes(source, self.lanes, self.acks, decoder, self.dead_letters.write)
+
+    async def feed_inline(
+        self, source: BatchSource, decoder: Callable[[bytes | None], Any]
+    ) -> None:
+        """A sink with ``inline`` set: each fetched batch applied in order, one commit for
+        it (``streams._faust.commit``'s steps for the batch's writes, then its acks in
+        offset order). One batch at a time across the worker's sources (``inline_lock``),
+        so a session's contexts are saved and logged in the order they were made."""
+        shown = f"(inline batch from {source.topic.get_topic_name()})"  # by the stall report
+        async for batch in source.batches():
+            async with self.inline_lock:
+                self.lanes.begin_outside(shown, f"applying {len(batch)} records")
+                tickets: list[Any] = []
+                writes: list[Write] = []
+                generation = self.app.consumer_generation_id
+                for message in batch:
+                    if self.app.consumer_generation_id != generation:
+                        # A rebalance drops the store's cache: what this batch saved must
+                        # be in the table before a session is loaded again.
+                        await self.commit_inline(tickets, writes)
+                        tickets, writes = [], []
+                        generation = self.app.consumer_generation_id
+                    tickets.append(ticket := self.acks.track(source, message))
+                    try:
+                        decoded = decoder(message.value)
+                    except InvalidMessage as exc:
+                        await self.dead_letters.write(message, exc.reason)
+                        continue
+                    try:
+                        writes += await self.writes_for(decoded.session_id, ticket, decoded)
+                    except Exception as exc:  # a bug, as in a lane: exit, nothing acked
+                        await self.app.crash_on_lane_error(decoded.session_id, exc)
+                        raise
+                self.lanes.mark(shown, "waiting for its changelog records")
+                await self.commit_inline(tickets, writes)
+                self.lanes.end_outside(shown)
+
+    async def commit_inline(self, tickets: list[Any], writes: list[Write]) -> None:
+        async def acknowledge() -> None:
+            for ticket in tickets:
+                await self.acks.done(ticket)
+
+        await commit(self.app, acknowledge, writes=writes)
 
     async def session_context(self, web: View, request: Request, session_id: str) -> Response:
         """The pull view: like the SDK's ContextStore, without summarised actions twice."""
@@ -173,6 +220,14 @@ class SinkStage:
 
     async def handle(self, session_id: str, item: LaneItem) -> None:
         tracked, decoded = item
+        writes = await self.writes_for(session_id, tracked, decoded)
+        self.lanes.mark(session_id, "waiting for its changelog records")
+        # Step 1 (the destination has it) is done; the context is made durable, and
+        # only then may Faust commit past this offset.
+        await commit(self.app, lambda: self.acks.done(tracked), writes=writes)
+
+    async def writes_for(self, session_id: str, tracked: Any, decoded: Any) -> list[Write]:
+        """Step 1 for one input (the destination has it); the writes that make it durable."""
         redriven = isinstance(decoded, Redriven)
         if isinstance(decoded, Redriven):
             decoded = decoded.item
@@ -188,10 +243,7 @@ class SinkStage:
             writes = await self.apply_operation(
                 session_id, tracked.message, decoded, redriven=redriven
             )
-        self.lanes.mark(session_id, "waiting for its changelog records")
-        # Step 1 (the destination has it) is done; the context is made durable, and
-        # only then may Faust commit past this offset.
-        await commit(self.app, lambda: self.acks.done(tracked), writes=writes)
+        return writes
 
     async def apply_operation(
         self, session_id: str, message: Message, op: Operation, *, redriven: bool = False

@@ -95,6 +95,7 @@ def row_from(context: SessionContext) -> SessionRow:
 
 class ViewSink:
     name = "view"
+    inline = True  # apply keeps rows in memory: no task and no commit per operation
 
     def __init__(self, settings: ViewSettings | None = None) -> None:
         self.settings = settings or ViewSettings()

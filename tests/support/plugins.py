@@ -44,6 +44,7 @@ class RecordingSink:
     """Appends every operation it is given to a JSON-lines file, in application order."""
 
     name = "recorder"
+    inline = True  # a local file: the runner's inline path (``Sink.inline``) is tested with it
 
     def __init__(self, path: Path) -> None:
         self.path = path

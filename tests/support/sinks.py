@@ -23,6 +23,7 @@ class FlakyRecordingSink(RecordingSink):
     """
 
     name = "flaky"
+    inline = False  # a destination that fails per session: one task per session (lanes)
 
     def __init__(self, path: Path, outage_file: Path, match: str = "") -> None:
         super().__init__(path)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any, cast
+
 import pytest
 
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
 from schemas.ledger import SessionLedger
 from sinks.context import SessionContext, Skip
-from sinks.context_store import _changed_batches
+from sinks.context_store import ContextStore, _changed_batches
 
 
 def written(a: int, b: int, generation: int = 0) -> ActionsWritten:
@@ -140,3 +143,66 @@ def test_a_save_writes_only_the_batches_an_operation_added_or_dropped() -> None:
         elif op.generation == ctx.generation:  # a summary: the batches it covers go
             assert (added, dropped) == ([], ctx.batches[: len(ctx.batches) - len(after.batches)])
         ctx = after
+
+
+def test_a_transition_equals_pydantics_copy() -> None:
+    """``SessionContext._copy`` builds the copy itself (not ``model_copy``): same model."""
+    ctx = SessionContext(session_id="s", extra={"notes": [1]}, refused=["r"])
+    for op in [written(1, 2), written(3, 3), summary(2), written(4, 5)]:
+        after = ctx.advanced(op)
+        expected = ctx.model_copy(
+            update={k: getattr(after, k) for k in SessionContext.model_fields}
+        )
+        assert after == expected and after.model_dump() == expected.model_dump()
+        assert after.extra == ctx.extra and after.extra is not ctx.extra
+        ctx = after
+
+
+class _Table:
+    """A table as ``streams._faust.stores.read`` sees one that is neither store it knows."""
+
+    data = None
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+
+def test_a_saved_context_loads_back_with_the_ledger_it_had_then() -> None:
+    """The header's ledger is dumped once per ledger (``ContextStore._nested_json``), and
+    what is stored is always the context's own: each save, loaded by a fresh store."""
+    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
+    store = ContextStore(cast(Any, app), cast(Any, table))
+    first, second = (SessionLedger(actions=n, pages={f"/p{n}": n}) for n in (2, 5))
+    ops = [written(1, 2), with_ledger(summary(2), first), written(3, 5)]
+    ops += [with_ledger(summary(5), second), written(6, 6), written(1, 1, generation=3)]
+    ctx = store.load("s")
+    for op in ops:
+        after = ctx.advanced(op)
+        for _, key, value in store.save(ctx, after):
+            if value is None:
+                table.values.pop(key, None)
+            else:
+                table.values[key] = value
+        assert ContextStore(cast(Any, app), cast(Any, table)).load("s") == after, op
+        ctx = after
+
+
+def with_ledger(op: SummaryReady, ledger: SessionLedger) -> SummaryReady:
+    return op.model_copy(update={"ledger": ledger})
+
+
+def test_an_erased_context_is_not_loaded_before_its_tombstones_are_in() -> None:
+    """An inline sink applies a batch before its writes are in the table: an operation
+    after an erasure in the same batch starts from nothing, not from the erased context."""
+    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
+    store = ContextStore(cast(Any, app), cast(Any, table))
+    ctx = store.load("s")
+    after = ctx.advanced(written(1, 2))
+    for _, key, value in store.save(ctx, after):
+        assert value is not None
+        table.values[key] = value
+    store.erase(store.load("s"))  # its tombstones not in the table yet
+    assert store.load("s") == SessionContext(session_id="s")

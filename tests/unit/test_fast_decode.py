@@ -7,9 +7,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import ActionsPayload, InvalidMessage
-from schemas.fast import decode_payload
+from schemas import ActionsPayload, InvalidMessage, context_message_adapter
+from schemas.fast import decode_context_message, decode_payload
+from scripts.bench.sink import operations
 from scripts.bench.workload import workload
+
+WRITTEN = {
+    "op": "actions_written",
+    "session_id": "s",
+    "seq_from": 1,
+    "seq_to": 2,
+    "text": "t",
+    "payload": {"session_id": "s", "actions": [{"title": "a"}, {"title": "b"}]},
+    "emitted_at": 1.0,
+}
+SUMMARY = {
+    "op": "summary_ready",
+    "session_id": "s",
+    "seq_from": 1,
+    "seq_to": 2,
+    "summary": "sum",
+    "window_from": 1,
+    "emitted_at": 1.0,
+}
 
 text = st.text(max_size=30)
 actions = st.fixed_dictionaries(
@@ -81,3 +101,142 @@ def test_the_benchmark_workload_round_trips() -> None:
 def test_a_batch_that_is_not_ours_is_refused_with_a_reason(raw: bytes, reason: str) -> None:
     with pytest.raises(InvalidMessage, match=reason):
         decode_payload(raw)
+
+
+# The context topic's operations (schemas.fast.decode_context_message): what the sink reads.
+
+
+def _validated(raw: bytes) -> object:
+    return context_message_adapter.validate_python(orjson.loads(raw))
+
+
+def _same(raw: bytes) -> None:
+    """The fast decode gives pydantic's model, or refuses what pydantic refuses."""
+    try:
+        expected = _validated(raw)
+    except ValueError:
+        with pytest.raises(InvalidMessage, match="invalid context operation"):
+            decode_context_message(raw)
+        return
+    fast = decode_context_message(raw)
+    assert type(fast) is type(expected)
+    assert fast == expected
+    assert fast.model_dump() == expected.model_dump()
+
+
+def test_the_pipelines_operations_decode_to_the_models_pydantic_validated() -> None:
+    records, written, summaries = operations(workload(3000, 60, 5, min_batch=1, max_batch=3), 4)
+    assert written and summaries  # both kinds, the summaries with their ledgers
+    for _, raw in records:
+        _same(raw)
+
+
+seq = st.integers(-2, 6)
+written_ops = st.fixed_dictionaries(
+    {
+        "op": st.just("actions_written"),
+        "session_id": text,
+        "seq_from": seq,
+        "seq_to": seq,
+        "text": text,
+        "payload": payloads
+        | st.fixed_dictionaries({"session_id": st.sampled_from(["", "a\x1fb"])}),
+        "emitted_at": st.floats(allow_nan=False, allow_infinity=False),
+    },
+    optional={
+        "generation": seq,
+        "product_id": st.none() | text,
+        "conversation_id": st.none() | text,
+        "ingested_at": st.integers(0, 2**40),
+    },
+)
+summary_ops = st.fixed_dictionaries(
+    {
+        "op": st.just("summary_ready"),
+        "session_id": text,
+        "seq_from": seq,
+        "seq_to": seq,
+        "summary": text,
+        "window_from": seq,
+        "emitted_at": st.floats(allow_nan=False, allow_infinity=False),
+    },
+    optional={
+        "generation": seq,
+        "final": st.booleans(),
+        "ledger": st.none()
+        | st.fixed_dictionaries(
+            {"actions": seq, "pages": st.dictionaries(text, seq, max_size=2)},
+            optional={"first_step": st.none() | st.fixed_dictionaries({"seq": seq, "text": text})},
+        ),
+        "usage": st.none()
+        | st.fixed_dictionaries(
+            {"model": text, "prompt_tokens": seq, "completion_tokens": seq},
+            optional={"cost_usd": st.none() | st.floats(0, 1)},
+        ),
+        "summarized_in_s": st.none() | st.floats(0, 10),
+    },
+)
+erased_ops = st.fixed_dictionaries(
+    {"op": st.just("session_erased"), "session_id": text},
+    optional={"reason": text, "requested_at": st.floats(0, 1e10), "emitted_at": st.floats(0, 1)},
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(written_ops | summary_ops | erased_ops)
+def test_any_operation_decodes_or_is_refused_as_pydantic_does(data: dict) -> None:
+    _same(orjson.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b'{"op": "nothing_known", "session_id": "s"}',
+        b'{"session_id": "s", "seq_from": 1, "seq_to": 1}',  # no op
+        orjson.dumps({**WRITTEN, "seq_from": 0}),
+        orjson.dumps({**WRITTEN, "seq_from": 3, "seq_to": 2}),
+        orjson.dumps({**WRITTEN, "generation": -1}),
+        orjson.dumps({**WRITTEN, "payload": {"session_id": ""}}),
+        orjson.dumps({**WRITTEN, "payload": {"session_id": "a\x1fb"}}),
+        orjson.dumps({**WRITTEN, "payload": {"session_id": "s", "actions": [{"index": "x"}]}}),
+        orjson.dumps({k: v for k, v in WRITTEN.items() if k != "emitted_at"}),
+        orjson.dumps({**SUMMARY, "ledger": {"actions": "many"}}),
+        orjson.dumps({**SUMMARY, "usage": {"model": "m"}}),
+        b'{"op": "session_erased", "session_id": "s"}',  # no emitted_at
+    ],
+)
+def test_an_operation_that_is_not_valid_is_refused_with_a_reason(raw: bytes) -> None:
+    with pytest.raises(ValueError):
+        _validated(raw)
+    with pytest.raises(InvalidMessage, match="invalid context operation") as refused:
+        decode_context_message(raw)
+    assert "\n" not in refused.value.reason  # one line: it goes to the dead letter and the log
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"payload": {"session_id": "s", "user_id": "", "email": "", "count": 7}},  # SDK defaults
+        {"payload": {"session_id": "s", "actions": [{"title": None, "index": None}]}},
+        {"emitted_at": 3},
+        {"unknown_field": [1, 2]},
+    ],
+)
+def test_an_operation_pydantic_takes_with_its_defaults_decodes_the_same(changes: dict) -> None:
+    _validated(orjson.dumps({**WRITTEN, **changes}))  # pydantic takes it
+    _same(orjson.dumps({**WRITTEN, **changes}))
+
+
+def test_the_sinks_reason_for_a_refused_operation_is_one_line() -> None:
+    """What a sink dead-letters and logs (``decode_operation``): pydantic's multi-line
+    error with its URL before, one line naming the field now."""
+    from sinks.runner.messages import decode_operation
+
+    with pytest.raises(InvalidMessage) as refused:
+        decode_operation(orjson.dumps({**WRITTEN, "seq_from": 0}))
+    assert refused.value.reason == (
+        "invalid context operation: actions_written.seq_from: "
+        "Input should be greater than or equal to 1"
+    )

@@ -95,3 +95,24 @@ async def test_an_item_in_progress_shows_with_its_stage_until_it_finishes() -> N
     release.set()
     await asyncio.wait_for(lanes.join(), 5)
     assert lanes.in_progress() == []
+
+
+async def test_work_outside_the_lanes_shows_in_progress_and_marks_of_other_keys_leave_nothing() -> (
+    None
+):
+    """A sink's inline batch is reported as a lane's item would be; ``mark`` for a key that
+    has no item in progress (an inline operation) keeps nothing, so nothing grows."""
+
+    async def handler(key: str, item: int) -> None:
+        return None
+
+    lanes: Lanes[int] = Lanes(handler)
+    lanes.mark("session-1", "delivering actions_written")
+    assert lanes.in_progress() == []
+    lanes.begin_outside("(inline batch)", "applying 3 records")
+    lanes.mark("(inline batch)", "waiting for its changelog records")
+    [(key, _, stage)] = lanes.in_progress()
+    assert (key, stage) == ("(inline batch)", "waiting for its changelog records")
+    lanes.end_outside("(inline batch)")
+    assert lanes.in_progress() == []
+    assert not lanes._stage
