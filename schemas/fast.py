@@ -1,13 +1,11 @@
-"""Our own messages decoded once, with msgspec, into the pydantic models.
+"""Messages decoded once, with msgspec, into the pydantic models.
 
-The pydantic models of this package stay the contract: they validate what comes
-from outside and are what every stage and sink is handed. What our own stages
-wrote (a stored batch, a context operation, a summarize request) was dumped from
-those models, so it has their canonical shape: msgspec Structs derived from the
-models (:func:`struct_of`, one source of truth) decode it strictly, and
-``model_construct`` turns it into the same models without a second validation,
-at a fraction of pydantic's cost (``python -m scripts.bench.codecs``).
-tests/unit/test_fast_decode.py proves the two paths give equal models.
+The pydantic models of this package stay the contract and the oracle. Strict msgspec
+Structs derived from them (:func:`struct_of`, one source of truth) decode what has the
+models' canonical shape: an input payload, a summarize request, a context operation;
+:func:`built` turns it into the same models without a second validation. Whatever the
+Structs do not take goes to pydantic, for its model or its one-line refusal.
+tests/unit/test_fast_exact.py and test_fast_decode.py prove the two paths agree.
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ from schemas.operations import (
 )
 
 __all__ = [
-    "PayloadStruct",
     "built",
     "decode_context_message",
     "decode_input",
-    "decode_payload",
     "decode_request",
     "payload_of",
     "struct_of",
@@ -79,12 +75,8 @@ def struct_of(
     return msgspec.defstruct(name, fields, kw_only=True, forbid_unknown_fields=forbid, **options)
 
 
-ActionStruct = struct_of(SlimAction, "ActionStruct")
-PayloadStruct = struct_of(ActionsPayload, "PayloadStruct", actions=list[ActionStruct])  # type: ignore[valid-type]
-
 _ACTION_FIELDS = frozenset(SlimAction.model_fields)
 _PAYLOAD_FIELDS = frozenset(ActionsPayload.model_fields)
-_payload_decoder = msgspec.json.Decoder(PayloadStruct)
 _set = object.__setattr__
 M = TypeVar("M", bound=BaseModel)
 
@@ -102,7 +94,7 @@ def built(model: type[M], fields: dict[str, Any], names: frozenset[str]) -> M:
 
 
 def payload_of(struct: Any) -> ActionsPayload:
-    """The :class:`ActionsPayload` of a decoded :data:`PayloadStruct`, not validated again
+    """The :class:`ActionsPayload` of a decoded :data:`ExactPayload`, not validated again
     (with the model's own mappings: ``count`` is ``len(actions)``, "" user_id/email None)."""
     actions = [built(SlimAction, asdict(a), _ACTION_FIELDS) for a in struct.actions]
     fields = asdict(struct)
@@ -111,37 +103,6 @@ def payload_of(struct: Any) -> ActionsPayload:
     fields["email"] = fields["email"] or None
     fields.pop("type", None)  # an input's "type": "actions", which the model ignores
     return built(ActionsPayload, fields, _PAYLOAD_FIELDS)
-
-
-def _check() -> None:
-    """Fall back to ``model_construct`` if this pydantic keeps its models differently."""
-    global built
-    sample = ActionsPayload(session_id="s", actions=[SlimAction(title="t", index=1)])
-    raw = orjson.dumps(sample.model_dump(mode="json"))
-    try:
-        fast = payload_of(_payload_decoder.decode(raw))
-        ok = (
-            fast == sample
-            and fast.model_dump() == sample.model_dump()
-            and fast.actions[0].title == "t"
-        )
-    except Exception:  # any difference means: do not use the fast build
-        ok = False
-    if not ok:
-        built = lambda model, fields, names: model.model_construct(**fields)  # noqa: E731
-
-
-_check()
-
-
-def decode_payload(raw: bytes) -> ActionsPayload:
-    """A payload this service stored (``orjson.dumps(payload.model_dump(mode="json"))``)."""
-    try:
-        return payload_of(_payload_decoder.decode(raw))
-    except msgspec.ValidationError as exc:
-        raise InvalidMessage(f"invalid stored batch: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise InvalidMessage(f"not valid JSON: {exc}") from None
 
 
 # The exact path: strict Structs that refuse unknown fields (msgspec skips those without
@@ -178,6 +139,27 @@ _request_decoder = msgspec.json.Decoder(_Request)
 _LEDGER_FIELDS = frozenset(SessionLedger.model_fields)
 _ENTRY_FIELDS = frozenset(LedgerEntry.model_fields)
 _REQUEST_FIELDS = frozenset(SummarizeRequest.model_fields)
+
+
+def _check() -> None:
+    """Fall back to ``model_construct`` if this pydantic keeps its models differently."""
+    global built
+    sample = ActionsPayload(session_id="s", actions=[SlimAction(title="t", index=1)])
+    raw = orjson.dumps(sample.model_dump(mode="json"))
+    try:
+        fast = payload_of(_input_decoder.decode(raw))
+        ok = (
+            fast == sample
+            and fast.model_dump() == sample.model_dump()
+            and fast.actions[0].title == "t"
+        )
+    except Exception:  # any difference means: do not use the fast build
+        ok = False
+    if not ok:
+        built = lambda model, fields, names: model.model_construct(**fields)  # noqa: E731
+
+
+_check()
 
 
 def _exact(struct: Any) -> bool:

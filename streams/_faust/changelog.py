@@ -32,20 +32,15 @@ Written = list[tuple[TableT[str, bytes], Awaitable[Any]]]
 
 
 def write(
-    app: ContextApp, table: TableT[str, bytes], key: str, value: bytes | None, compact: bool = True
+    app: ContextApp, table: TableT[str, bytes], key: str, value: bytes | None
 ) -> Awaitable[Any]:
     """Produce ``table[key] = value``'s changelog record (``None`` deletes); the store
-    applies it when the broker has it, before the returned acknowledgement resolves
-    (``compact``: see ``stores.put``)."""
+    applies it when the broker has it, before the returned acknowledgement resolves."""
     partition = cast(int, table.partition_for_key(key))
     store = cast(Any, table).data
     topic = table.changelog_topic.get_topic_name()
     return app.appender.append(
-        topic,
-        partition,
-        key.encode(),
-        value,
-        then=lambda: stores.put(store, key, value, partition, compact),
+        topic, partition, key.encode(), value, then=lambda: stores.put(store, key, value, partition)
     )
 
 

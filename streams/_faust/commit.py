@@ -29,7 +29,7 @@ from typing import Any
 
 from faust.types import TableT
 
-from streams._faust import changelog
+from streams._faust import changelog, stores
 from streams._faust.changelog import Written
 from streams._faust.raw_table import KEY_SEPARATOR
 
@@ -77,12 +77,10 @@ async def outputs_acknowledged(acks: Iterable[Awaitable[Any]]) -> None:
         await ack
 
 
-def log_writes(
-    app: Any, writes: Sequence[Any], rank: Rank = session_rank, compact: bool = True
-) -> Written:
+def log_writes(app: Any, writes: Sequence[Any], rank: Rank = session_rank) -> Written:
     """Step 3: produce ``writes``' changelog records in crash-safe order."""
     return [
-        (write[0], changelog.write(app, write[0], write[1], write[2], compact))
+        (write[0], changelog.write(app, write[0], write[1], write[2]))
         for write in crash_safe_order(writes, rank)
     ]
 
@@ -97,5 +95,6 @@ async def commit(
     """Steps 1 to 5 for one input (``outputs`` needing no order: no step 2);
     ``acknowledge`` runs once its work is durable."""
     await outputs_acknowledged(outputs)
-    await changelog.confirm(log_writes(app, writes))  # steps 3 and 4
+    compacted = [(table, key, stores.compact(value)) for table, key, value in writes]
+    await changelog.confirm(log_writes(app, compacted))  # steps 3 and 4
     await acknowledge()

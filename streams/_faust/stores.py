@@ -42,9 +42,16 @@ def read(table: TableT[str, bytes], key: str) -> bytes | None:
     return cast(bytes | None, table.get(key))
 
 
-def put(store: Any, key: str, value: bytes | None, partition: int, compact: bool = True) -> None:
-    """Apply a changelog record the broker has acknowledged (``None`` deletes); ``compact``:
-    copy the value first (False: it is a compact copy already, ``WriteBehind.set``'s)."""
+def compact(value: bytes | None) -> bytes | None:
+    """A copy holding only its bytes: orjson's ``dumps`` result keeps a ~4 KiB buffer per
+    entry (``--mode memory`` measures the RSS per session). Values are compacted once,
+    where they are first held: ``WriteBehind.set`` and ``commit.commit``."""
+    return None if value is None else memoryview(value).tobytes()
+
+
+def put(store: Any, key: str, value: bytes | None, partition: int) -> None:
+    """Apply a changelog record the broker has acknowledged (``None`` deletes); ``value``
+    is stored as given, the very object the write-behind's readers saw (DecodedStates)."""
     if isinstance(store, RocksDBStore):
         # Faust's RocksDB ``_set`` writes into the database of the *current
         # event's* partition (and asserts there is one): wrong for a timer, a
@@ -58,12 +65,8 @@ def put(store: Any, key: str, value: bytes | None, partition: int, compact: bool
             store._key_index[raw] = partition
     elif value is None:
         store.pop(key, None)
-    elif not compact:
-        store[key] = value  # the very object the write-behind's readers saw (DecodedStates)
     else:
-        # A compact copy: orjson's ``dumps`` result keeps a ~4 KiB buffer per entry
-        # (python -m scripts.bench --mode memory measures the RSS per session).
-        store[key] = memoryview(value).tobytes()
+        store[key] = value
 
 
 def scan(store: Any) -> Iterable[tuple[str | bytes, bytes]]:

@@ -90,7 +90,7 @@ class WriteBehind:
         if value is not None:
             # Held until the unit completes: a compact copy, not orjson's ~4 KiB buffer
             # (python -m scripts.bench --mode accumulate reports the peak RSS).
-            value = memoryview(value).tobytes()
+            value = stores.compact(value)
         self._overlay[(id(table), key)] = (value, self._version)
         self._unit.writes.append((table, key, value, self._version))
 
@@ -147,7 +147,7 @@ class WriteBehind:
             # replayed (tests/unit/test_write_behind.py, "deferred").
             append = self._app.append
             await outputs_acknowledged([await append(*record) for record in unit.deferred])
-        unit.changelog = log_writes(self._app, unit.writes, self._order_of, compact=False)
+        unit.changelog = log_writes(self._app, unit.writes, self._order_of)
         await self._recorded.put(unit)
 
     async def _acknowledge(self, unit: _Unit) -> None:
