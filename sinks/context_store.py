@@ -3,8 +3,10 @@
 A session's context is kept as a header (everything but the raw batches: the
 summary, high-water marks, the sink's ``extra``) under the session id, and each
 raw batch under ``batch_key(session, seq_from)``. Saving writes only what an
-operation changed: a new batch and the header, or the header and tombstones
-for the batches a summary now covers; the window is never rewritten whole.
+operation changed: a batch that follows the last one is written alone (loading
+walks on from the header's range: the header holds the summary and ``extra``, and
+rewriting it per batch was most of a save); anything else writes the header too,
+and tombstones for the batches a summary now covers; the window is never rewritten whole.
 ``save`` and ``erase`` return the writes; the caller commits them with the
 operation (``streams._faust.commit``: crash-safe order, then the input's ack).
 """
@@ -92,15 +94,20 @@ class ContextStore:
         if raw is None:
             return SessionContext(session_id=session_id)
         header = orjson.loads(raw)
-        seq = header.pop("first_batch", 0)
+        stored_to, generation = header["actions_to"], header["generation"]
+        seq = header.pop("first_batch", 0) or stored_to + 1
         batches = []
-        while seq and seq <= header["actions_to"]:
-            stored = stores.read(self._table, batch_key(session_id, seq))
-            if stored is None:  # never written by save(); stop rather than guess
+        while (stored := stores.read(self._table, batch_key(session_id, seq))) is not None:
+            fields = orjson.loads(stored)  # written by save() below
+            # Past the header's range only a batch of its generation, written by save()
+            # alone: a stale one (a crash before its tombstone) ends the window there.
+            if fields.pop("generation", None if seq > stored_to else generation) != generation:
                 break
-            batch = Batch.model_construct(**orjson.loads(stored))  # written by save() below
+            batch = Batch.model_construct(**fields)
             batches.append(batch)
             seq = batch.seq_to + 1
+        if batches:
+            header["actions_to"] = max(stored_to, batches[-1].seq_to)
         for name, model in _NESTED.items():  # written as JSON by save(): validate those back
             if header.get(name) is not None:
                 header[name] = model.model_validate(header[name])
@@ -111,17 +118,23 @@ class ContextStore:
         the batches it no longer lists (committed in that crash-safe order: a header
         whose first batch is gone lost every batch after it on load). At worst, batch
         entries nothing refers to any more stay behind (only after a crash)."""
-        sid, table = after.session_id, self._table
+        sid, table, generation = after.session_id, self._table, after.generation
         new, deleted = _changed_batches(before, after)
         writes: list[Write] = [
-            (table, batch_key(sid, batch.seq_from), orjson.dumps(batch.__dict__)) for batch in new
+            (
+                table,
+                batch_key(sid, b.seq_from),
+                orjson.dumps({**b.__dict__, "generation": generation}),
+            )
+            for b in new
         ]
-        header = {k: v for k, v in after.__dict__.items() if k != "batches"}
-        for name in _NESTED:
-            if header[name] is not None:
-                header[name] = self._nested_json(sid, name, header[name])
-        header["first_batch"] = after.batches[0].seq_from if after.batches else 0
-        writes.append((table, sid, orjson.dumps(header)))
+        if not _appended_only(before, after, new, deleted):
+            header = {k: v for k, v in after.__dict__.items() if k != "batches"}
+            for name in _NESTED:
+                if header[name] is not None:
+                    header[name] = self._nested_json(sid, name, header[name])
+            header["first_batch"] = after.batches[0].seq_from if after.batches else 0
+            writes.append((table, sid, orjson.dumps(header)))
         writes += [(table, batch_key(sid, batch.seq_from), None) for batch in deleted]
         if self._generation == self._app.consumer_generation_id:
             self._remember(after)
@@ -140,6 +153,26 @@ class ContextStore:
             # (test_context.py: test_an_erased_context_is_not_loaded_before_its_tombstones_are_in).
             self._remember(SessionContext(session_id=sid))
         return writes
+
+
+# What a header holds that a batch appended after the last one leaves as it was.
+_HEADER_KEPT = tuple(
+    name for name in SessionContext.model_fields if name not in ("batches", "actions_to")
+)
+
+
+def _appended_only(
+    before: SessionContext, after: SessionContext, new: list[Batch], deleted: list[Batch]
+) -> bool:
+    """Whether ``after`` is ``before`` and one batch right after its last action: then the
+    stored header stays as it is, and loading finds the batch by walking on from it. A
+    session's first batch writes the header (the pull view answers 404 without one)."""
+    if deleted or len(new) != 1 or not before.actions_to:
+        return False
+    if new[0].seq_from != before.actions_to + 1:
+        return False  # a gap (an operation dead-lettered): the walk would stop at it
+    old, now = before.__dict__, after.__dict__
+    return all(old[k] is now[k] or old[k] == now[k] for k in _HEADER_KEPT)
 
 
 def _changed_batches(

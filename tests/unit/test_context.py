@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
+import orjson
 import pytest
 
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
@@ -206,3 +207,62 @@ def test_an_erased_context_is_not_loaded_before_its_tombstones_are_in() -> None:
         table.values[key] = value
     store.erase(store.load("s"))  # its tombstones not in the table yet
     assert store.load("s") == SessionContext(session_id="s")
+
+
+def _apply(table: _Table, writes: list[Any]) -> None:
+    for _, key, value in writes:
+        if value is None:
+            table.values.pop(key, None)
+        else:
+            table.values[key] = value
+
+
+def test_a_batch_after_the_last_is_saved_alone_and_loaded_by_walking_on() -> None:
+    """An append writes its batch record only (not the header with the summary and the
+    sink's ``extra``); what a fresh store loads is still the whole context."""
+    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
+    store = ContextStore(cast(Any, app), cast(Any, table))
+    ops: list[Any] = [written(1, 2), written(3, 3), written(4, 6), summary(3), written(7, 7)]
+    ops += [summary(7), written(8, 9), written(10, 10), written(1, 1, generation=5)]
+    header_writes = []
+    ctx = store.load("s")
+    for op in ops:
+        after = ctx.advanced(op)
+        writes = store.save(ctx, after)
+        header_writes.append(sum(key == "s" for _, key, _ in writes))
+        _apply(table, writes)
+        assert ContextStore(cast(Any, app), cast(Any, table)).load("s") == after, op
+        ctx = after
+    # The first batch, each summary and the new generation write the header; appends do not.
+    assert header_writes == [1, 0, 0, 1, 0, 1, 0, 0, 1]
+
+
+def test_a_stale_batch_past_the_headers_range_is_not_taken() -> None:
+    """After a crash between a header and its tombstones, a batch of the session's earlier
+    visit (or one stored before batches carried their generation) may sit right after the
+    header's range: the window ends there, it does not take that batch in."""
+    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
+    store = ContextStore(cast(Any, app), cast(Any, table))
+    ctx = store.load("s")
+    for op in (written(1, 2), written(3, 4)):
+        _apply(table, store.save(ctx, after := ctx.advanced(op)))
+        ctx = after
+    came_back = ctx.advanced(written(1, 2, generation=8))
+    writes = store.save(ctx, came_back)
+    _apply(table, [w for w in writes if w[2] is not None])  # the tombstone of 3-4 is lost
+    assert "s\x1f3" in table.values
+    assert ContextStore(cast(Any, app), cast(Any, table)).load("s") == came_back
+    table.values["s\x1f3"] = b'{"seq_from":3,"seq_to":4,"text":"old format"}'
+    assert ContextStore(cast(Any, app), cast(Any, table)).load("s") == came_back
+
+
+def test_a_context_stored_before_batches_carried_their_generation_loads_as_it_was() -> None:
+    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
+    header = {"session_id": "s", "generation": 2, "summary": "sum", "summary_to": 2}
+    header |= {"actions_to": 5, "first_batch": 3, "ledger": None, "previous": None}
+    table.values["s"] = orjson.dumps(header)
+    for a, b in ((3, 4), (5, 5)):
+        table.values[f"s\x1f{a}"] = orjson.dumps({"seq_from": a, "seq_to": b, "text": f"{a}-{b}"})
+    loaded = ContextStore(cast(Any, app), cast(Any, table)).load("s")
+    assert [(b.seq_from, b.seq_to) for b in loaded.batches] == [(3, 4), (5, 5)]
+    assert (loaded.actions_to, loaded.summary, loaded.generation) == (5, "sum", 2)
