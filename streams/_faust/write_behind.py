@@ -124,39 +124,49 @@ class WriteBehind:
         await self._queue.put(unit)
 
     async def _stage(
-        self, queue: asyncio.Queue[_Unit], step: Callable[[_Unit], Awaitable[None]]
+        self, queue: asyncio.Queue[_Unit], step: Callable[[list[_Unit]], Awaitable[None]]
     ) -> None:
         while True:
-            unit = await queue.get()
+            # Every unit sealed meanwhile, in one step: a unit's deferred messages cost a
+            # round trip, so one step per unit capped the units per second (small units
+            # fell behind; tests/unit/test_write_behind.py, "drains").
+            units = [await queue.get()]
+            while not queue.empty():
+                units.append(queue.get_nowait())
             try:
-                await step(unit)
+                await step(units)
             except Exception as exc:
-                # Messages or changelog records not acknowledged: nothing of this
-                # unit or after it may be recorded or committed. Stop the worker;
+                # Messages or changelog records not acknowledged: nothing of these
+                # units or after them may be recorded or committed. Stop the worker;
                 # the unacknowledged input is replayed on restart.
                 await self._on_error("write-behind", exc)
                 return
             finally:
-                queue.task_done()
+                for _ in units:
+                    queue.task_done()
 
-    async def _record(self, unit: _Unit) -> None:
-        """Steps 1 to 3 of the commit protocol (``streams._faust.commit``)."""
-        await outputs_acknowledged(unit.acks)
-        if unit.deferred:
+    async def _record(self, units: list[_Unit]) -> None:
+        """Steps 1 to 3 of the commit protocol (``streams._faust.commit``), for the units
+        in order: all their messages acknowledged before any deferred one is produced,
+        all those before any of their table writes is logged."""
+        await outputs_acknowledged([ack for unit in units for ack in unit.acks])
+        if deferred := [record for unit in units for record in unit.deferred]:
             # Before the changelog: a request lost after its unit is logged would never be
             # replayed (tests/unit/test_write_behind.py, "deferred").
             append = self._app.append
-            await outputs_acknowledged([await append(*record) for record in unit.deferred])
-        unit.changelog = log_writes(self._app, unit.writes, self._order_of)
-        await self._recorded.put(unit)
+            await outputs_acknowledged([await append(*record) for record in deferred])
+        for unit in units:
+            unit.changelog = log_writes(self._app, unit.writes, self._order_of)
+            await self._recorded.put(unit)
 
-    async def _acknowledge(self, unit: _Unit) -> None:
-        """Steps 4 and 5: the changelog records are in (and so in the store); the overlay
-        lets go of what the table now holds, and the unit's input is acknowledged."""
-        await changelog.confirm(unit.changelog)
-        for table, key, _, version in unit.writes:
-            slot = (id(table), key)
-            if self._overlay.get(slot, (None, -1))[1] == version:
-                del self._overlay[slot]  # no newer write is waiting: the table is current
-        for source, record in unit.inputs:
-            await source.ack(record)
+    async def _acknowledge(self, units: list[_Unit]) -> None:
+        """Steps 4 and 5, unit by unit: the changelog records are in (and so in the store);
+        the overlay lets go of what the table now holds, and the unit's input is acknowledged."""
+        for unit in units:
+            await changelog.confirm(unit.changelog)
+            for table, key, _, version in unit.writes:
+                slot = (id(table), key)
+                if self._overlay.get(slot, (None, -1))[1] == version:
+                    del self._overlay[slot]  # no newer write is waiting: the table is current
+            for source, record in unit.inputs:
+                await source.ack(record)

@@ -158,3 +158,24 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
     acks.resolve("changelog")
     await wait_for(lambda: not writes._overlay, timeout=5)
     assert store["s"] is seen
+
+
+async def test_units_sealed_meanwhile_are_recorded_in_one_step() -> None:
+    """"drains": the units sealed while one waits for the broker go through their steps
+    together, so their deferred messages share one round trip instead of one each (one
+    step per unit capped a worker's units per second at one per round trip)."""
+    acks = _Acks()
+
+    async def on_error(where: str, exc: BaseException) -> None:
+        raise AssertionError(f"{where}: {exc!r}")
+
+    writes = WriteBehind(cast(Any, _App(acks)), on_error=on_error)
+    for n in (1, 2, 3):
+        await writes.send(f"context-{n}", "s", b"batch")
+        await writes.send(f"summarize-{n}", "s", b"request", after_previous=True)
+        await writes.seal()
+    for n in (1, 2, 3):
+        acks.resolve(f"context-{n}")
+    await wait_for(lambda: len(acks.appended) == 6, timeout=5)
+    # Every request is produced before any of them is acknowledged; each after its batch.
+    assert [name for name, _ in acks.appended[3:]] == ["summarize-1", "summarize-2", "summarize-3"]
