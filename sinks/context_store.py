@@ -14,6 +14,7 @@ operation (``streams._faust.commit``: crash-safe order, then the input's ack).
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import orjson
 from faust.types import TableT
@@ -46,9 +47,17 @@ class ContextStore:
     """
 
     def __init__(
-        self, app: ContextApp, table: TableT[str, bytes], *, cache_size: int = 10_000
+        self,
+        app: ContextApp,
+        table: TableT[str, bytes],
+        *,
+        cache_size: int = 10_000,
+        read: Callable[[TableT[str, bytes], str], bytes | None] | None = None,
     ) -> None:
+        """``read``: how to read the table (a ``WriteBehind``'s ``get``: with the writes
+        still pending); the store's values by default."""
         self._app, self._table = app, table
+        self._get = read or stores.read
         self._cache: OrderedDict[str, SessionContext] = OrderedDict()
         # The JSON of a cached context's ledger and earlier visit, by session: they change
         # once per summary, and dumping them per operation was 9% of a sink (py-spy).
@@ -90,14 +99,14 @@ class ContextStore:
         return dumped
 
     def _read(self, session_id: str) -> SessionContext:
-        raw = stores.read(self._table, session_id)
+        raw = self._get(self._table, session_id)
         if raw is None:
             return SessionContext(session_id=session_id)
         header = orjson.loads(raw)
         stored_to, generation = header["actions_to"], header["generation"]
         seq = header.pop("first_batch", 0) or stored_to + 1
         batches = []
-        while (stored := stores.read(self._table, batch_key(session_id, seq))) is not None:
+        while (stored := self._get(self._table, batch_key(session_id, seq))) is not None:
             fields = orjson.loads(stored)  # written by save() below
             # Past the header's range only a batch of its generation, written by save()
             # alone: a stale one (a crash before its tombstone) ends the window there.

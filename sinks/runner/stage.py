@@ -52,6 +52,7 @@ from sinks.runner.messages import (
 )
 from streams._faust.batch_source import BatchSource
 from streams._faust.commit import Write, commit
+from streams._faust.write_behind import WriteBehind
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
@@ -77,7 +78,10 @@ class SinkStage:
         # Headers and batches of a session on one changelog partition: see ContextStore.save.
         self.contexts = session_keyed_table(app, "contexts")
         self.dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
-        self.store = ContextStore(app, self.contexts)
+        # An inline sink's writes are made durable behind it (feed_inline); its loads see them.
+        self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
+        inline = getattr(sink, "inline", False)
+        self.store = ContextStore(app, self.contexts, read=self.writes.get if inline else None)
         # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).
         self.end_to_end = metrics.END_TO_END.labels(sink.name)
         self.action_age = metrics.ACTION_AGE_AT_SINK.labels(sink.name)
@@ -131,45 +135,33 @@ class SinkStage:
     async def feed_inline(
         self, source: BatchSource, decoder: Callable[[bytes | None], Any]
     ) -> None:
-        """A sink with ``inline`` set: each fetched batch applied in order, one commit for
-        it (``streams._faust.commit``'s steps for the batch's writes, then its acks in
-        offset order). One batch at a time across the worker's sources (``inline_lock``),
-        so a session's contexts are saved and logged in the order they were made."""
+        """A sink with ``inline`` set: each fetched batch applied in order and sealed as one
+        ``WriteBehind`` unit (``streams._faust.commit``'s steps for its writes, then its
+        acks in offset order), made durable while the next batch is applied. One batch at a
+        time across the worker's sources (``inline_lock``), so a session's contexts are
+        saved and logged in the order they were made; loads read the writes still pending."""
         shown = f"(inline batch from {source.topic.get_topic_name()})"  # by the stall report
+        writes = self.writes
         async for batch in source.batches():
             async with self.inline_lock:
                 self.lanes.begin_outside(shown, f"applying {len(batch)} records")
-                tickets: list[Any] = []
-                writes: list[Write] = []
-                generation = self.app.consumer_generation_id
                 for message in batch:
-                    if self.app.consumer_generation_id != generation:
-                        # A rebalance drops the store's cache: what this batch saved must
-                        # be in the table before a session is loaded again.
-                        await self.commit_inline(tickets, writes)
-                        tickets, writes = [], []
-                        generation = self.app.consumer_generation_id
-                    tickets.append(ticket := self.acks.track(source, message))
+                    writes.track(source, message)
                     try:
                         decoded = decoder(message.value)
                     except InvalidMessage as exc:
                         await self.dead_letters.write(message, exc.reason)
                         continue
                     try:
-                        writes += await self.writes_for(decoded.session_id, ticket, decoded)
+                        done = await self.writes_for(decoded.session_id, message, decoded)
                     except Exception as exc:  # a bug, as in a lane: exit, nothing acked
                         await self.app.crash_on_lane_error(decoded.session_id, exc)
                         raise
-                self.lanes.mark(shown, "waiting for its changelog records")
-                await self.commit_inline(tickets, writes)
+                    for table, key, value in done:
+                        writes.set(table, key, value)
+                self.lanes.mark(shown, "waiting for room for its changelog records")
+                await writes.seal()
                 self.lanes.end_outside(shown)
-
-    async def commit_inline(self, tickets: list[Any], writes: list[Write]) -> None:
-        async def acknowledge() -> None:
-            for ticket in tickets:
-                await self.acks.done(ticket)
-
-        await commit(self.app, acknowledge, writes=writes)
 
     async def session_context(self, web: View, request: Request, session_id: str) -> Response:
         """The pull view: like the SDK's ContextStore, without summarised actions twice."""
@@ -220,29 +212,27 @@ class SinkStage:
 
     async def handle(self, session_id: str, item: LaneItem) -> None:
         tracked, decoded = item
-        writes = await self.writes_for(session_id, tracked, decoded)
+        writes = await self.writes_for(session_id, tracked.message, decoded)
         self.lanes.mark(session_id, "waiting for its changelog records")
         # Step 1 (the destination has it) is done; the context is made durable, and
         # only then may Faust commit past this offset.
         await commit(self.app, lambda: self.acks.done(tracked), writes=writes)
 
-    async def writes_for(self, session_id: str, tracked: Any, decoded: Any) -> list[Write]:
+    async def writes_for(self, session_id: str, message: Message, decoded: Any) -> list[Write]:
         """Step 1 for one input (the destination has it); the writes that make it durable."""
         redriven = isinstance(decoded, Redriven)
         if isinstance(decoded, Redriven):
             decoded = decoded.item
         writes: list[Write]
         if isinstance(decoded, SessionErased):
-            writes = await self.erase_session(session_id, tracked.message, decoded)
+            writes = await self.erase_session(session_id, message, decoded)
         elif isinstance(decoded, SessionLink):
             if isinstance(self.sink, LinkAwareSink):
-                writes = await self.apply_link(session_id, tracked.message, decoded)
+                writes = await self.apply_link(session_id, message, decoded)
             else:
                 writes = []  # a link re-driven to a sink that takes none
         else:
-            writes = await self.apply_operation(
-                session_id, tracked.message, decoded, redriven=redriven
-            )
+            writes = await self.apply_operation(session_id, message, decoded, redriven=redriven)
         return writes
 
     async def apply_operation(
