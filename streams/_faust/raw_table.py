@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import faust
@@ -43,7 +44,11 @@ class RawTable(faust.Table):
         write then raised), and is the session's partition in every topic
         (tests/integration/test_reliability.py).
         """
-        return partition_of(key, int(self.partitions or self.app.conf.topic_partitions))
+        return partition_of(key, self.partition_count)
+
+    @functools.cached_property
+    def partition_count(self) -> int:  # fixed for the table's life; looked up per write
+        return int(self.partitions or self.app.conf.topic_partitions)
 
 
 class SessionKeyedTable(RawTable):
@@ -53,4 +58,4 @@ class SessionKeyedTable(RawTable):
     partition, in the order they were written."""
 
     def partition_for_key(self, key: Any) -> int:
-        return super().partition_for_key(session_of(key))
+        return partition_of(key.partition(KEY_SEPARATOR)[0], self.partition_count)
