@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 FIRST_RETRY_DELAY_S = 0.2
 RETRY_MAX_WAIT_S = 30.0
+# An operation waits for the rest of its batch (~90 us each): small batches for latency,
+# cheap since their commits are pipelined (python -m scripts.bench --mode latency).
+INLINE_BATCH_MAX = 64
 
 
 class SinkStage:
@@ -142,7 +145,8 @@ class SinkStage:
         saved and logged in the order they were made; loads read the writes still pending."""
         shown = f"(inline batch from {source.topic.get_topic_name()})"  # by the stall report
         writes = self.writes
-        async for batch in source.batches():
+        async for batch in source.batches(INLINE_BATCH_MAX):
+            await asyncio.sleep(0)  # the last batch's messages go out, the fetcher runs
             async with self.inline_lock:
                 self.lanes.begin_outside(shown, f"applying {len(batch)} records")
                 for message in batch:

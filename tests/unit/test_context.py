@@ -266,3 +266,23 @@ def test_a_context_stored_before_batches_carried_their_generation_loads_as_it_wa
     loaded = ContextStore(cast(Any, app), cast(Any, table)).load("s")
     assert [(b.seq_from, b.seq_to) for b in loaded.batches] == [(3, 4), (5, 5)]
     assert (loaded.actions_to, loaded.summary, loaded.generation) == (5, "sum", 2)
+
+
+def test_a_context_evicted_while_its_writes_are_pending_loads_from_them() -> None:
+    """An inline sink's writes reach the table only once the broker has them (WriteBehind):
+    a session loaded again meanwhile, after the cache let it go, reads them, not the table."""
+    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
+    pending: dict[str, bytes | None] = {}
+
+    def read(_: Any, key: str) -> bytes | None:
+        return pending[key] if key in pending else table.values.get(key)
+
+    store = ContextStore(cast(Any, app), cast(Any, table), cache_size=1, read=read)
+    contexts = {}
+    for sid in ("a", "b"):
+        before = store.load(sid)
+        op = written(1, 2).model_copy(update={"session_id": sid})
+        contexts[sid] = before.advanced(op)
+        pending.update((key, value) for _, key, value in store.save(before, contexts[sid]))
+    assert not table.values  # nothing acknowledged yet
+    assert store.load("a") == contexts["a"]  # "a" left the cache when "b" came in
