@@ -78,13 +78,14 @@ class _Acks:
 
 class _App:
     def __init__(self, acks: _Acks) -> None:
-        self.appender = SimpleNamespace(append=self._changelog)
+        self.appender = SimpleNamespace(append_all=self._changelog)
         self._acks = acks
 
     async def append(self, topic: str, key: bytes, value: bytes | None) -> Any:
         return self._acks.future(topic, value)
 
-    def _changelog(self, topic: str, partition: int, key: bytes, value: Any, then: Any) -> Any:
+    def _changelog(self, topic: str, partition: int, records: Any, then: Any) -> Any:
+        [(_, value)] = records
         return self._acks.future(topic, value)
 
 
@@ -140,11 +141,12 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
     )
     app = _App(acks)
 
-    def changelog(topic: str, partition: int, key: bytes, value: Any, then: Any) -> Any:
+    def changelog(topic: str, partition: int, records: Any, then: Any) -> Any:
+        [(_, value)] = records
         taken.append(then)
         return acks.future(topic, value)
 
-    app.appender = SimpleNamespace(append=changelog)
+    app.appender = SimpleNamespace(append_all=changelog)
 
     async def on_error(where: str, exc: BaseException) -> None:
         raise AssertionError(f"{where}: {exc!r}")
