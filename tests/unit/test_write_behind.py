@@ -97,7 +97,7 @@ async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_th
         changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
         data=SimpleNamespace(set_persisted_offset=lambda tp, offset: None),
     )
-    source = SimpleNamespace(ack=lambda record: _ack(acked, record))
+    source = SimpleNamespace(ack_all=acked.extend)
 
     async def on_error(where: str, exc: BaseException) -> None:
         raise AssertionError(f"{where}: {exc!r}")
@@ -118,10 +118,6 @@ async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_th
     acks.resolve("changelog")
     await wait_for(lambda: acked, timeout=5)
     assert acked == ["input"]
-
-
-async def _ack(acked: list[str], record: str) -> None:
-    acked.append(record)
 
 
 class _Store(dict[str, Any]):
@@ -160,3 +156,40 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
     acks.resolve("changelog")
     await wait_for(lambda: not writes._overlay, timeout=5)
     assert store["s"] is seen
+
+
+async def test_a_units_inputs_are_acknowledged_together_in_order_once_its_records_are() -> None:
+    acks, acked = _Acks(), []
+    table = SimpleNamespace(
+        partition_for_key=lambda key: 0,
+        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
+        data=SimpleNamespace(set_persisted_offset=lambda tp, offset: None),
+    )
+    source = SimpleNamespace(ack_all=acked.append)
+
+    async def on_error(where: str, exc: BaseException) -> None:
+        raise AssertionError(f"{where}: {exc!r}")
+
+    writes = WriteBehind(cast(Any, _App(acks)), on_error=on_error)
+    for record in ("a", "b", "c"):
+        writes.track(source, record)
+    writes.set(cast(Any, table), "s", b"state")
+    await writes.seal()
+    await wait_for(lambda: "changelog" in acks.pending, timeout=5)
+    assert not acked
+    acks.resolve("changelog")
+    await wait_for(lambda: acked, timeout=5)
+    assert acked == [["a", "b", "c"]]
+
+
+def test_ack_all_counts_the_records_the_consumer_had_not_acknowledged() -> None:
+    from streams._faust.batch_source import BatchSource
+
+    counted: list[float] = []
+    source = BatchSource.__new__(BatchSource)
+    seen: list[str] = []
+    consumer = SimpleNamespace(ack=lambda m: seen.append(m) or m != "again")
+    source.app = cast(Any, SimpleNamespace(consumer=consumer))
+    source._acknowledged = cast(Any, SimpleNamespace(inc=counted.append))
+    source.ack_all(cast(Any, ["a", "again", "b"]))
+    assert seen == ["a", "again", "b"] and counted == [2]
