@@ -175,8 +175,8 @@ class PiiFilter:
         something was found, else the same objects (the input is never modified)."""
         return [self._payload(p, session_key) for p in payloads]
 
-    def _fields(self, obj: object, names: Iterable[str], session_key: str) -> dict[str, str]:
-        update = {}
+    def _fields(self, obj: object, names: Iterable[str], session_key: str) -> dict[str, object]:
+        update: dict[str, object] = {}
         for name in names:
             value = getattr(obj, name)
             if value:
@@ -191,7 +191,7 @@ class PiiFilter:
             update = self._fields(action, _ACTION_FIELDS, session_key)
             actions.append(action.model_copy(update=update) if update else action)
             changed = changed or bool(update)
-        changes: dict[str, object] = self._fields(payload, _PAYLOAD_FIELDS, session_key)
+        changes = self._fields(payload, _PAYLOAD_FIELDS, session_key)
         if not (changed or changes):
             return payload  # nothing found: the same values, without a copy (test_pii.py)
         changes["actions"] = actions

@@ -52,7 +52,7 @@ def write_all(app: ContextApp, writes: Iterable[Sequence[Any]]) -> Written:
         if run is None:
             run = runs[(id(table), partition)] = (table, partition, [])
         run[2].append((write[1], write[2]))
-    appender, written = app.appender, []
+    appender, written = app.appender, cast(Written, [])
     for table, partition, entries in runs.values():
         records = [(key.encode(), value) for key, value in entries]
         then = functools.partial(stores.put, cast(Any, table).data, entries, partition)

@@ -24,7 +24,9 @@ class _Appender:
         self.records: dict[tuple[str, int], list[tuple[bytes, bytes | None]]] = {}
         self.then: dict[tuple[str, int], list[Any]] = {}
 
-    def append(self, topic: str, partition: int, key: bytes, value: Any, then: Any) -> tuple[str, int]:
+    def append(
+        self, topic: str, partition: int, key: bytes, value: Any, then: Any
+    ) -> tuple[str, int]:
         return self.append_all(topic, partition, [(key, value)], then)
 
     def append_all(self, topic: str, partition: int, records: Any, then: Any) -> tuple[str, int]:
@@ -108,4 +110,3 @@ def test_write_all_of_nothing_appends_nothing() -> None:
     app = SimpleNamespace(appender=_Appender())
     assert changelog.write_all(cast(Any, app), []) == []
     assert not app.appender.records
-
