@@ -89,20 +89,25 @@ class _App:
         return self._acks.future(topic, value)
 
 
+def _table(store: Any) -> Any:
+    return SimpleNamespace(
+        partition_for_key=lambda key: 0,
+        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
+        data=store,
+    )
+
+
+async def _fail(where: str, exc: BaseException) -> None:
+    raise AssertionError(f"{where}: {exc!r}")
+
+
 async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_theirs() -> None:
     # chaos.py --cluster: a summarize request acked while its batches were not.
     acks, acked = _Acks(), []
-    table = SimpleNamespace(
-        partition_for_key=lambda key: 0,
-        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
-        data=SimpleNamespace(set_persisted_offset=lambda tp, offset: None),
-    )
+    table = _table(SimpleNamespace(set_persisted_offset=lambda tp, offset: None))
     source = SimpleNamespace(ack_all=acked.extend)
 
-    async def on_error(where: str, exc: BaseException) -> None:
-        raise AssertionError(f"{where}: {exc!r}")
-
-    writes = WriteBehind(cast(Any, _App(acks)), on_error=on_error)
+    writes = WriteBehind(cast(Any, _App(acks)), on_error=_fail)
     writes.set(cast(Any, table), "s", b"state")
     await writes.send("context", "s", b"batch")
     await writes.send("summarize", "s", b"request", after_previous=True)
@@ -130,11 +135,7 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
     # keeps a session's decoded state against that very object (DecodedStates).
     acks, taken = _Acks(), []
     store = _Store()
-    table = SimpleNamespace(
-        partition_for_key=lambda key: 0,
-        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
-        data=store,
-    )
+    table = _table(store)
     app = _App(acks)
 
     def changelog(topic: str, partition: int, records: Any, then: Any) -> Any:
@@ -144,10 +145,7 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
 
     app.appender = SimpleNamespace(append_all=changelog)
 
-    async def on_error(where: str, exc: BaseException) -> None:
-        raise AssertionError(f"{where}: {exc!r}")
-
-    writes = WriteBehind(cast(Any, app), on_error=on_error)
+    writes = WriteBehind(cast(Any, app), on_error=_fail)
     writes.set(cast(Any, table), "s", b"state")
     seen = writes.get(cast(Any, table), "s")
     await writes.seal()
@@ -160,17 +158,10 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
 
 async def test_a_units_inputs_are_acknowledged_together_in_order_once_its_records_are() -> None:
     acks, acked = _Acks(), []
-    table = SimpleNamespace(
-        partition_for_key=lambda key: 0,
-        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
-        data=SimpleNamespace(set_persisted_offset=lambda tp, offset: None),
-    )
+    table = _table(SimpleNamespace(set_persisted_offset=lambda tp, offset: None))
     source = SimpleNamespace(ack_all=acked.append)
 
-    async def on_error(where: str, exc: BaseException) -> None:
-        raise AssertionError(f"{where}: {exc!r}")
-
-    writes = WriteBehind(cast(Any, _App(acks)), on_error=on_error)
+    writes = WriteBehind(cast(Any, _App(acks)), on_error=_fail)
     for record in ("a", "b", "c"):
         writes.track(source, record)
     writes.set(cast(Any, table), "s", b"state")
