@@ -77,7 +77,7 @@ def struct_of(
 
 _ACTION_FIELDS = frozenset(SlimAction.model_fields)
 _PAYLOAD_FIELDS = frozenset(ActionsPayload.model_fields)
-_set = object.__setattr__
+_set, _new = object.__setattr__, object.__new__
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -85,7 +85,7 @@ def built(model: type[M], fields: dict[str, Any], names: frozenset[str]) -> M:
     """``model`` holding ``fields`` (every field, already valid), as ``model_construct``
     builds it without its per-field default handling: a third of the cost. Checked
     against pydantic at import (:func:`_check`), else ``model_construct`` is used."""
-    obj = model.__new__(model)
+    obj = _new(model)
     _set(obj, "__dict__", fields)
     _set(obj, "__pydantic_fields_set__", set(names))
     _set(obj, "__pydantic_extra__", None)

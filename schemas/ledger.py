@@ -169,8 +169,7 @@ def _page(url: str) -> str:
     return one_line(url or "(unknown page)")
 
 
-def _push(entries: list[dict[str, Any]], entry: dict[str, Any], keep: int) -> None:
-    entries.append(entry)
+def _keep_last(entries: list[dict[str, Any]], keep: int) -> None:
     if len(entries) > keep:
         del entries[: len(entries) - keep]
 
@@ -182,36 +181,43 @@ def update_ledger(
     limits: LedgerLimits,
     now: float,
 ) -> None:
-    """Count one batch of actions, numbered from ``seq_from``, into ``ledger`` (in place)."""
+    """Count one batch of actions, numbered from ``seq_from``, into ``ledger`` (in place).
+
+    Totals and bounds are applied once per batch, not per action: the same ledger at
+    two thirds of the cost (tests/unit/test_ledger.py, against the per-action oracle)."""
     if not actions:
         return
     ledger["batches"] += 1
+    ledger["actions"] += len(actions)
     pages: dict[str, int] = ledger["pages"]
-    for offset, action in enumerate(actions):
-        seq = seq_from + offset
-        ledger["actions"] += 1
-        started = action.timestamp_start or action.timestamp_end or now
-        ended = action.timestamp_end or action.timestamp_start or now
-        if not ledger["first_at"]:
-            ledger["first_at"] = started
-        ledger["last_at"] = max(ledger["last_at"], ended)
+    errors, key_actions = ledger["errors"], ledger["key_actions"]
+    first_at, last_at, first_step = ledger["first_at"], ledger["last_at"], ledger["first_step"]
+    kinds, top_pages = limits.kinds, limits.top_pages
+    for seq, action in enumerate(actions, seq_from):
+        start, end = action.timestamp_start, action.timestamp_end
+        if not first_at:
+            first_at = start or end or now
+        last_at = max(last_at, end or start or now)
         page = _page(action.canonical_url or action.raw_url)
         if page in pages:
             pages[page] += 1
         else:
-            if len(pages) >= limits.top_pages:
+            if len(pages) >= top_pages:
                 # Full: the least visited page (the earliest among ties) makes room, its
                 # actions move to ``other_page_actions`` so the counts still add up.
                 least = min(pages, key=pages.__getitem__)
                 ledger["other_page_actions"] += pages.pop(least)
             pages[page] = 1
-        if ledger["first_step"] is None:
-            ledger["first_step"] = _entry(seq, action)
-        is_error, is_key = limits.kinds(f"{action.type}: {action.title} {action.description}")
+        if first_step is None:
+            first_step = ledger["first_step"] = _entry(seq, action)
+        is_error, is_key = kinds(f"{action.type}: {action.title} {action.description}")
         if is_error:
             ledger["errors_total"] += 1
-            _push(ledger["errors"], _entry(seq, action), limits.errors)
+            errors.append(_entry(seq, action))
         if is_key:
             ledger["key_actions_total"] += 1
-            _push(ledger["key_actions"], _entry(seq, action), limits.key_actions)
+            key_actions.append(_entry(seq, action))
+    ledger["first_at"], ledger["last_at"] = first_at, last_at
+    _keep_last(errors, limits.errors)
+    _keep_last(key_actions, limits.key_actions)
     ledger["last_step"] = _entry(seq_from + len(actions) - 1, actions[-1])

@@ -171,11 +171,12 @@ class PiiFilter:
         return self._detectors_on(text, session_key, hits)
 
     def redact(self, payloads: list[ActionsPayload], session_key: str) -> list[ActionsPayload]:
-        """New payloads with every field of :data:`FIELD_POLICY` filtered."""
+        """The payloads with every field of :data:`FIELD_POLICY` filtered: new ones where
+        something was found, else the same objects (the input is never modified)."""
         return [self._payload(p, session_key) for p in payloads]
 
-    def _fields(self, obj: object, names: Iterable[str], session_key: str) -> dict[str, str]:
-        update = {}
+    def _fields(self, obj: object, names: Iterable[str], session_key: str) -> dict[str, object]:
+        update: dict[str, object] = {}
         for name in names:
             value = getattr(obj, name)
             if value:
@@ -185,12 +186,15 @@ class PiiFilter:
         return update
 
     def _payload(self, payload: ActionsPayload, session_key: str) -> ActionsPayload:
-        actions = []
+        actions, changed = [], False
         for action in payload.actions:
             update = self._fields(action, _ACTION_FIELDS, session_key)
             actions.append(action.model_copy(update=update) if update else action)
-        changes: dict[str, object] = {"actions": actions}
-        changes.update(self._fields(payload, _PAYLOAD_FIELDS, session_key))
+            changed = changed or bool(update)
+        changes = self._fields(payload, _PAYLOAD_FIELDS, session_key)
+        if not (changed or changes):
+            return payload  # nothing found: the same values, without a copy (test_pii.py)
+        changes["actions"] = actions
         return payload.model_copy(update=changes)
 
 

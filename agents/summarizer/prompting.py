@@ -82,6 +82,8 @@ def validate_template(template: str) -> None:
 
 def _as_data(text: str) -> str:
     """Untrusted text (actions, and summaries made from them) cannot open or close the fence."""
+    if "<" not in text and "＜" not in text:  # no fence without a bracket: 0.1 µs, not 12
+        return text
     return _FENCE.sub(lambda m: m.group(0).translate(_DEFANGED), text)
 
 

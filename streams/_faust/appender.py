@@ -86,16 +86,33 @@ class Appender:
         value: bytes | None,
         then: Callable[[], object] | None = None,
     ) -> asyncio.Future[RecordMetadata]:
+        group = self._group(topic, partition)
+        group.records.append((key, value))
+        if then is not None:
+            group.then.append(then)
+        return group.acknowledged
+
+    def append_all(
+        self,
+        topic: str,
+        partition: int,
+        records: list[tuple[bytes, bytes | None]],
+        then: Callable[[], object],
+    ) -> asyncio.Future[RecordMetadata]:
+        """``append`` each of ``records`` in order, with one ``then`` after the last."""
+        group = self._group(topic, partition)
+        group.records.extend(records)
+        group.then.append(then)
+        return group.acknowledged
+
+    def _group(self, topic: str, partition: int) -> _Group:
         group = self._groups.get((topic, partition))
         if group is None:
             group = self._groups[(topic, partition)] = _Group()
             self._waiting.set()
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._submit_forever(), name="appender")
-        group.records.append((key, value))
-        if then is not None:
-            group.then.append(then)
-        return group.acknowledged
+        return group
 
     async def _submit_forever(self) -> None:
         while True:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 import faust
 from faust.transport.consumer import Consumer
@@ -137,5 +137,10 @@ class BatchSource:
 
     async def ack(self, message: Message) -> None:
         """The record's effects are durable: Faust may commit past it."""
-        if self.app.consumer.ack(message):  # False if it already was
-            self._acknowledged.inc()
+        self.ack_all((message,))
+
+    def ack_all(self, messages: Iterable[Message]) -> None:
+        """:meth:`ack` each of ``messages``, in order (one call per unit, not a coroutine each)."""
+        ack = self.app.consumer.ack  # False for a record already acknowledged
+        if acknowledged := sum(map(ack, messages)):
+            self._acknowledged.inc(acknowledged)

@@ -17,7 +17,8 @@ readers see pending values through ``streams._faust.write_behind``'s overlay.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import functools
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, cast
 
 from faust.types import TableT
@@ -25,7 +26,7 @@ from faust.types import TableT
 from streams._faust import stores
 from streams.app import ContextApp
 
-__all__ = ["Written", "confirm", "write"]
+__all__ = ["Written", "confirm", "write", "write_all"]
 
 # Changelog records written and not yet confirmed: (table, the broker's acknowledgement).
 Written = list[tuple[TableT[str, bytes], Awaitable[Any]]]
@@ -36,12 +37,28 @@ def write(
 ) -> Awaitable[Any]:
     """Produce ``table[key] = value``'s changelog record (``None`` deletes); the store
     applies it when the broker has it, before the returned acknowledgement resolves."""
-    partition = cast(int, table.partition_for_key(key))
-    store = cast(Any, table).data
-    topic = table.changelog_topic.get_topic_name()
-    return app.appender.append(
-        topic, partition, key.encode(), value, then=lambda: stores.put(store, key, value, partition)
-    )
+    return write_all(app, [(table, key, value)])[0][1]
+
+
+def write_all(app: ContextApp, writes: Iterable[Sequence[Any]]) -> Written:
+    """:func:`write` each of ``writes`` (tuples starting ``table, key, value``), in order:
+    one append and one store update per table partition, not per record
+    (tests/unit/test_changelog.py proves the records, stores and acks the same)."""
+    runs: dict[tuple[int, int], tuple[TableT[str, bytes], int, list[Any]]] = {}
+    for write in writes:
+        table = write[0]
+        partition = cast(int, table.partition_for_key(write[1]))
+        run = runs.get((id(table), partition))
+        if run is None:
+            run = runs[(id(table), partition)] = (table, partition, [])
+        run[2].append((write[1], write[2]))
+    appender, written = app.appender, cast(Written, [])
+    for table, partition, entries in runs.values():
+        records = [(key.encode(), value) for key, value in entries]
+        then = functools.partial(stores.put, cast(Any, table).data, entries, partition)
+        topic = table.changelog_topic.get_topic_name()
+        written.append((table, appender.append_all(topic, partition, records, then)))
+    return written
 
 
 async def confirm(written: Written) -> None:

@@ -79,10 +79,7 @@ async def outputs_acknowledged(acks: Iterable[Awaitable[Any]]) -> None:
 
 def log_writes(app: Any, writes: Sequence[Any], rank: Rank = session_rank) -> Written:
     """Step 3: produce ``writes``' changelog records in crash-safe order."""
-    return [
-        (write[0], changelog.write(app, write[0], write[1], write[2]))
-        for write in crash_safe_order(writes, rank)
-    ]
+    return changelog.write_all(app, crash_safe_order(writes, rank))
 
 
 async def commit(

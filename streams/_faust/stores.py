@@ -49,24 +49,32 @@ def compact(value: bytes | None) -> bytes | None:
     return None if value is None else memoryview(value).tobytes()
 
 
-def put(store: Any, key: str, value: bytes | None, partition: int) -> None:
-    """Apply a changelog record the broker has acknowledged (``None`` deletes); ``value``
-    is stored as given, the very object the write-behind's readers saw (DecodedStates)."""
+def put(store: Any, entries: Iterable[tuple[str, bytes | None]], partition: int) -> None:
+    """Apply changelog records of ``partition`` the broker has acknowledged, in order
+    (``None`` deletes); each value is stored as given, the very object the write-behind's
+    readers saw (DecodedStates)."""
     if isinstance(store, RocksDBStore):
         # Faust's RocksDB ``_set`` writes into the database of the *current
         # event's* partition (and asserts there is one): wrong for a timer, a
         # lane task, or a batch holding several partitions' events. Write into
         # the key's own partition database, as recovery would.
-        raw = key.encode()
-        if value is None:
-            store._del(raw)
-        else:
-            store._db_for_partition(partition).put(raw, value)
+        db = None
+        for key, value in entries:
+            raw = key.encode()
+            if value is None:
+                store._del(raw)
+                continue
+            if db is None:
+                db = store._db_for_partition(partition)
+            db.put(raw, value)
             store._key_index[raw] = partition
-    elif value is None:
-        store.pop(key, None)
-    else:
-        store[key] = value
+        return
+    data = store.data if isinstance(store, MemoryStore) else store  # its dict, as ``read``
+    for key, value in entries:
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
 
 
 def scan(store: Any) -> Iterable[tuple[str | bytes, bytes]]:

@@ -18,7 +18,9 @@ round trip per batch. Here the agent goes on with the next batch at once:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import operator
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,8 +109,8 @@ class WriteBehind:
             self._unit.acks.append(await self._app.append(topic, key.encode(), value))
 
     def track(self, source: Any, record: Any) -> None:
-        """``await source.ack(record)`` when the current unit completes
-        (a ``BatchSource`` and its message, or a Faust stream and its event)."""
+        """``source.ack_all`` the unit's records, in order, when the current unit completes
+        (a ``BatchSource`` and its message)."""
         self._unit.inputs.append((source, record))
 
     async def seal(self) -> None:
@@ -168,5 +170,5 @@ class WriteBehind:
                 slot = (id(table), key)
                 if self._overlay.get(slot, (None, -1))[1] == version:
                     del self._overlay[slot]  # no newer write is waiting: the table is current
-            for source, record in unit.inputs:
-                await source.ack(record)
+            for source, records in itertools.groupby(unit.inputs, key=operator.itemgetter(0)):
+                source.ack_all([record for _, record in records])

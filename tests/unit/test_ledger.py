@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload, close_idle
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
@@ -137,3 +140,79 @@ def test_remembered_kinds_are_the_searches_answers_past_the_bound() -> None:
     texts = [f"click: Button {i} error" if i % 3 else f"submit: form {i}" for i in range(5000)]
     for text in texts + texts[:10]:  # past KINDS_REMEMBERED: forgotten, then found again
         assert limits.kinds(text) == (limits.is_error(text), limits.is_key(text))
+
+
+def _push(entries: list[dict[str, Any]], entry: dict[str, Any], keep: int) -> None:
+    entries.append(entry)
+    if len(entries) > keep:
+        del entries[: len(entries) - keep]
+
+
+def _per_action(
+    ledger: dict[str, Any], actions: list[Any], seq_from: int, limits: Any, now: float
+) -> None:
+    """The oracle: 873a9aa's ``update_ledger``, every total and bound applied per action."""
+    from schemas.ledger import _entry, _page
+
+    if not actions:
+        return
+    ledger["batches"] += 1
+    pages = ledger["pages"]
+    for offset, action in enumerate(actions):
+        seq = seq_from + offset
+        ledger["actions"] += 1
+        started = action.timestamp_start or action.timestamp_end or now
+        ended = action.timestamp_end or action.timestamp_start or now
+        if not ledger["first_at"]:
+            ledger["first_at"] = started
+        ledger["last_at"] = max(ledger["last_at"], ended)
+        page = _page(action.canonical_url or action.raw_url)
+        if page in pages:
+            pages[page] += 1
+        else:
+            if len(pages) >= limits.top_pages:
+                least = min(pages, key=pages.__getitem__)
+                ledger["other_page_actions"] += pages.pop(least)
+            pages[page] = 1
+        if ledger["first_step"] is None:
+            ledger["first_step"] = _entry(seq, action)
+        is_error, is_key = limits.kinds(f"{action.type}: {action.title} {action.description}")
+        if is_error:
+            ledger["errors_total"] += 1
+            _push(ledger["errors"], _entry(seq, action), limits.errors)
+        if is_key:
+            ledger["key_actions_total"] += 1
+            _push(ledger["key_actions"], _entry(seq, action), limits.key_actions)
+    ledger["last_step"] = _entry(seq_from + len(actions) - 1, actions[-1])
+
+
+_action = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["click", "error", "submit", ""]),
+        "title": st.sampled_from(["", "Save", "Failed"]),
+        "timestamp_start": st.sampled_from([0.0, 1.5, 3.0]),
+        "timestamp_end": st.sampled_from([0.0, 2.5]),
+        "canonical_url": st.sampled_from(["", "/a", "/b", "/c"]),
+        "raw_url": st.sampled_from(["", "/r"]),
+    }
+)
+
+
+@given(
+    batches=st.lists(st.lists(_action, max_size=6), max_size=6),
+    bounds=st.tuples(st.integers(1, 3), st.integers(0, 2), st.integers(0, 2)),
+    now=st.sampled_from([0.0, 9.0]),
+)
+@settings(max_examples=300, deadline=None)
+def test_update_ledger_is_the_per_action_ledger(
+    batches: list[list[dict[str, Any]]], bounds: tuple[int, int, int], now: float
+) -> None:
+    top_pages, errors, key_actions = bounds
+    limits = LedgerLimits(top_pages=top_pages, errors=errors, key_actions=key_actions)
+    fast, oracle, seq = new_ledger(), new_ledger(), 1
+    for batch in batches:
+        actions = ActionsPayload.model_validate({"session_id": "s", "actions": batch}).actions
+        update_ledger(fast, actions, seq, limits, now)
+        _per_action(oracle, actions, seq, limits, now)
+        seq += len(actions)
+        assert orjson.dumps(fast) == orjson.dumps(oracle)

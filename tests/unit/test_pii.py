@@ -391,3 +391,39 @@ def test_fast_path_is_exact_on_synthetic_payloads(monkeypatch: pytest.MonkeyPatc
     fast = [_FAST.redact([p], p.session_id)[0] for p in payloads]
     plain = _plain(monkeypatch, lambda: [_PLAIN.redact([p], p.session_id)[0] for p in payloads])
     assert fast == plain
+
+
+def _copied_always(f: PiiFilter, payload: ActionsPayload, session: str) -> ActionsPayload:
+    """The oracle: 873a9aa's ``_payload``, which copied every payload."""
+    actions = []
+    for action in payload.actions:
+        update = f._fields(action, tuple(FIELD_POLICY), session)
+        actions.append(action.model_copy(update=update) if update else action)
+    changes: dict[str, object] = {"actions": actions}
+    changes.update(f._fields(payload, ("user_id", "email"), session))
+    return payload.model_copy(update=changes)
+
+
+@pytest.mark.parametrize(
+    ("payload_fields", "description"),
+    [
+        ({}, "Clicked save"),  # nothing to filter: the very payload comes back
+        ({}, "Mailed dana@corp.io"),
+        ({"email": "dana@corp.io"}, "Clicked save"),
+        ({"user_id": "u-1"}, "Called (415) 555-0132"),
+    ],
+)
+def test_redact_returns_what_copying_every_payload_did(
+    pii: PiiFilter, payload_fields: dict[str, str], description: str
+) -> None:
+    payload = ActionsPayload.model_validate(
+        {
+            "session_id": "s1",
+            **payload_fields,
+            "actions": [{"title": "t", "description": description}, {"title": "plain"}],
+        }
+    )
+    (out,) = pii.redact([payload], "s1")
+    oracle = _copied_always(pii, payload, "s1")
+    assert out == oracle and out.model_dump() == oracle.model_dump()
+    assert (out is payload) == (out.model_dump() == payload.model_dump())

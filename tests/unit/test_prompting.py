@@ -83,3 +83,15 @@ pieces = st.sampled_from(
 def test_no_text_can_open_or_close_the_fence(text: str, template: str) -> None:
     prompt = build_prompt(template, text, [payload(text)])
     assert_confined(template, prompt)
+
+
+_PIECES = ["<", "＜", "/", " ", "\n", "a", "A", "actions", "ACTIONS", "‹", "x"]
+
+
+@given(st.lists(st.sampled_from(_PIECES)).map("".join))
+def test_as_data_is_the_fence_substitution_whatever_the_text(text: str) -> None:
+    """The oracle: 873a9aa's ``_as_data``, the substitution on every text (the bracket
+    check before it only skips texts it cannot change)."""
+    from agents.summarizer.prompting import _DEFANGED, _FENCE, _as_data
+
+    assert _as_data(text) == _FENCE.sub(lambda m: m.group(0).translate(_DEFANGED), text)

@@ -78,30 +78,36 @@ class _Acks:
 
 class _App:
     def __init__(self, acks: _Acks) -> None:
-        self.appender = SimpleNamespace(append=self._changelog)
+        self.appender = SimpleNamespace(append_all=self._changelog)
         self._acks = acks
 
     async def append(self, topic: str, key: bytes, value: bytes | None) -> Any:
         return self._acks.future(topic, value)
 
-    def _changelog(self, topic: str, partition: int, key: bytes, value: Any, then: Any) -> Any:
+    def _changelog(self, topic: str, partition: int, records: Any, then: Any) -> Any:
+        [(_, value)] = records
         return self._acks.future(topic, value)
+
+
+def _table(store: Any) -> Any:
+    return SimpleNamespace(
+        partition_for_key=lambda key: 0,
+        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
+        data=store,
+    )
+
+
+async def _fail(where: str, exc: BaseException) -> None:
+    raise AssertionError(f"{where}: {exc!r}")
 
 
 async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_theirs() -> None:
     # chaos.py --cluster: a summarize request acked while its batches were not.
     acks, acked = _Acks(), []
-    table = SimpleNamespace(
-        partition_for_key=lambda key: 0,
-        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
-        data=SimpleNamespace(set_persisted_offset=lambda tp, offset: None),
-    )
-    source = SimpleNamespace(ack=lambda record: _ack(acked, record))
+    table = _table(SimpleNamespace(set_persisted_offset=lambda tp, offset: None))
+    source = SimpleNamespace(ack_all=acked.extend)
 
-    async def on_error(where: str, exc: BaseException) -> None:
-        raise AssertionError(f"{where}: {exc!r}")
-
-    writes = WriteBehind(cast(Any, _App(acks)), on_error=on_error)
+    writes = WriteBehind(cast(Any, _App(acks)), on_error=_fail)
     writes.set(cast(Any, table), "s", b"state")
     await writes.send("context", "s", b"batch")
     await writes.send("summarize", "s", b"request", after_previous=True)
@@ -119,10 +125,6 @@ async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_th
     assert acked == ["input"]
 
 
-async def _ack(acked: list[str], record: str) -> None:
-    acked.append(record)
-
-
 class _Store(dict[str, Any]):
     def set_persisted_offset(self, tp: Any, offset: int) -> None:
         pass
@@ -133,23 +135,17 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
     # keeps a session's decoded state against that very object (DecodedStates).
     acks, taken = _Acks(), []
     store = _Store()
-    table = SimpleNamespace(
-        partition_for_key=lambda key: 0,
-        changelog_topic=SimpleNamespace(get_topic_name=lambda: "changelog"),
-        data=store,
-    )
+    table = _table(store)
     app = _App(acks)
 
-    def changelog(topic: str, partition: int, key: bytes, value: Any, then: Any) -> Any:
+    def changelog(topic: str, partition: int, records: Any, then: Any) -> Any:
+        [(_, value)] = records
         taken.append(then)
         return acks.future(topic, value)
 
-    app.appender = SimpleNamespace(append=changelog)
+    app.appender = SimpleNamespace(append_all=changelog)
 
-    async def on_error(where: str, exc: BaseException) -> None:
-        raise AssertionError(f"{where}: {exc!r}")
-
-    writes = WriteBehind(cast(Any, app), on_error=on_error)
+    writes = WriteBehind(cast(Any, app), on_error=_fail)
     writes.set(cast(Any, table), "s", b"state")
     seen = writes.get(cast(Any, table), "s")
     await writes.seal()
@@ -161,15 +157,11 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
 
 
 async def test_units_sealed_meanwhile_are_recorded_in_one_step() -> None:
-    """"drains": the units sealed while one waits for the broker go through their steps
+    """ "drains": the units sealed while one waits for the broker go through their steps
     together, so their deferred messages share one round trip instead of one each (one
     step per unit capped a worker's units per second at one per round trip)."""
     acks = _Acks()
-
-    async def on_error(where: str, exc: BaseException) -> None:
-        raise AssertionError(f"{where}: {exc!r}")
-
-    writes = WriteBehind(cast(Any, _App(acks)), on_error=on_error)
+    writes = WriteBehind(cast(Any, _App(acks)), on_error=_fail)
     for n in (1, 2, 3):
         await writes.send(f"context-{n}", "s", b"batch")
         await writes.send(f"summarize-{n}", "s", b"request", after_previous=True)
@@ -179,3 +171,33 @@ async def test_units_sealed_meanwhile_are_recorded_in_one_step() -> None:
     await wait_for(lambda: len(acks.appended) == 6, timeout=5)
     # Every request is produced before any of them is acknowledged; each after its batch.
     assert [name for name, _ in acks.appended[3:]] == ["summarize-1", "summarize-2", "summarize-3"]
+
+
+async def test_a_units_inputs_are_acknowledged_together_in_order_once_its_records_are() -> None:
+    acks, acked = _Acks(), []
+    table = _table(SimpleNamespace(set_persisted_offset=lambda tp, offset: None))
+    source = SimpleNamespace(ack_all=acked.append)
+
+    writes = WriteBehind(cast(Any, _App(acks)), on_error=_fail)
+    for record in ("a", "b", "c"):
+        writes.track(source, record)
+    writes.set(cast(Any, table), "s", b"state")
+    await writes.seal()
+    await wait_for(lambda: "changelog" in acks.pending, timeout=5)
+    assert not acked
+    acks.resolve("changelog")
+    await wait_for(lambda: acked, timeout=5)
+    assert acked == [["a", "b", "c"]]
+
+
+def test_ack_all_counts_the_records_the_consumer_had_not_acknowledged() -> None:
+    from streams._faust.batch_source import BatchSource
+
+    counted: list[float] = []
+    source = BatchSource.__new__(BatchSource)
+    seen: list[str] = []
+    consumer = SimpleNamespace(ack=lambda m: seen.append(m) or m != "again")
+    source.app = cast(Any, SimpleNamespace(consumer=consumer))
+    source._acknowledged = cast(Any, SimpleNamespace(inc=counted.append))
+    source.ack_all(cast(Any, ["a", "again", "b"]))
+    assert seen == ["a", "again", "b"] and counted == [2]
