@@ -149,14 +149,16 @@ class WriteBehind:
 
     async def _record(self, units: list[_Unit]) -> None:
         """Steps 1 to 3 of the commit protocol (``streams._faust.commit``), for the units
-        in order: all their messages acknowledged before any deferred one is produced,
-        all those before any of their table writes is logged."""
-        await outputs_acknowledged([ack for unit in units for ack in unit.acks])
-        if deferred := [record for unit in units for record in unit.deferred]:
-            # Before the changelog: a request lost after its unit is logged would never be
-            # replayed (tests/unit/test_write_behind.py, "deferred").
-            append = self._app.append
-            await outputs_acknowledged([await append(*record) for record in deferred])
+        in order: each unit's deferred messages produced once its (and every earlier
+        unit's) messages are acknowledged, all of them acknowledged before any of the
+        units' table writes is logged."""
+        append, deferred = self._app.append, []
+        for unit in units:
+            await outputs_acknowledged(unit.acks)
+            deferred += [await append(*record) for record in unit.deferred]
+        # Before the changelog: a request lost after its unit is logged would never be
+        # replayed (tests/unit/test_write_behind.py, "deferred").
+        await outputs_acknowledged(deferred)
         for unit in units:
             unit.changelog = log_writes(self._app, unit.writes, self._order_of)
             await self._recorded.put(unit)

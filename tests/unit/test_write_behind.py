@@ -166,7 +166,9 @@ async def test_units_sealed_meanwhile_are_recorded_in_one_step() -> None:
         await writes.send(f"context-{n}", "s", b"batch")
         await writes.send(f"summarize-{n}", "s", b"request", after_previous=True)
         await writes.seal()
-    for n in (1, 2, 3):
+    acks.resolve("context-1")  # the first unit's request goes without waiting for the others
+    await wait_for(lambda: len(acks.appended) == 4, timeout=5)
+    for n in (2, 3):
         acks.resolve(f"context-{n}")
     await wait_for(lambda: len(acks.appended) == 6, timeout=5)
     # Every request is produced before any of them is acknowledged; each after its batch.
