@@ -83,8 +83,8 @@ class SinkStage:
         self.dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
         # An inline sink's writes are made durable behind it (feed_inline); its loads see them.
         self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
-        inline = getattr(sink, "inline", False)
-        self.store = ContextStore(app, self.contexts, read=self.writes.get if inline else None)
+        self.inline = getattr(sink, "inline", False)
+        self.store = ContextStore(app, self.contexts, read=self.writes.get if self.inline else None)
         # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).
         self.end_to_end = metrics.END_TO_END.labels(sink.name)
         self.action_age = metrics.ACTION_AGE_AT_SINK.labels(sink.name)
@@ -130,7 +130,7 @@ class SinkStage:
         await self.feed(self.redriven, decode_redriven)
 
     async def feed(self, source: BatchSource, decoder: Callable[[bytes | None], Any]) -> None:
-        if getattr(self.sink, "inline", False):
+        if self.inline:
             await self.feed_inline(source, decoder)
         else:
             await feed_lanes(source, self.lanes, self.acks, decoder, self.dead_letters.write)

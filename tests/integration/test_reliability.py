@@ -502,7 +502,8 @@ async def test_broker_restart_mid_stream(
             cluster.pipeline(), cluster.sink("files"), cluster.sink(RECORDER)
             await cluster.ready()
             producer = await StreamProducer(cluster.env, iter(payloads), rate=25).start()
-            await asyncio.sleep(4)  # pacing: the stream runs a while before the broker goes
+            # The stream runs a while (100 payloads, ~4 s) before the broker goes.
+            await wait_for(lambda: producer.produced >= 100, timeout=60, message="no stream")
             started = time.monotonic()
             await broker.restart(down_s=2, hard=True)
             print(f"[reliability] broker SIGKILLed and back in {time.monotonic() - started:.0f}s")
@@ -622,7 +623,8 @@ async def test_a_second_pipeline_worker_joins_and_leaves(
         cluster.sink("files"), cluster.sink(RECORDER)
         await cluster.ready()
         producer = await StreamProducer(cluster.env, iter(payloads), rate=30).start()
-        await asyncio.sleep(3)  # pacing: the stream runs on one worker before the second joins
+        # The stream runs on one worker (90 payloads, ~3 s) before the second joins.
+        await wait_for(lambda: producer.produced >= 90, timeout=60, message="no stream")
         second = cluster.pipeline()
         await second.wait_ready()
         await wait_for(
