@@ -246,6 +246,15 @@ async def delete_run_topics(bootstrap: str) -> None:
         await admin.close()
 
 
+def broker_cpu_seconds(bootstrap: str) -> float:
+    """The local broker's CPU time so far (``scripts/kafka.sh``'s pid file), NaN without it."""
+    data = Path(os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / bootstrap.rsplit(":", 1)[1]))
+    try:
+        return cpu_seconds(int((data / "broker.pid").read_text()))
+    except (OSError, ValueError):
+        return float("nan")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and all its threads so far (/proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -12,8 +12,16 @@ import httpx
 
 from scripts.bench import measure
 from scripts.bench.baselines import bench_faust_floor, bench_sdk, bench_transition
-from scripts.bench.measure import ROOT, Workers, new_run, settings_of, wait_healthy, wait_metric
-from scripts.bench.workload import produce, records_in
+from scripts.bench.measure import (
+    ROOT,
+    Workers,
+    broker_cpu_seconds,
+    new_run,
+    settings_of,
+    wait_healthy,
+    wait_metric,
+)
+from scripts.bench.workload import changelog_records, produce, records_in
 
 
 def changelog_bytes(kafka_data: Path, app_id: str) -> int:
@@ -74,19 +82,23 @@ async def bench_accumulate(
         async with httpx.AsyncClient(timeout=5) as client:
             workers.start("agents.app", "pipeline", args.port)
             await wait_healthy(client, [args.port])
-            cpu_start = workers.cpu_seconds()[0]
+            cpu_start, broker_start = workers.cpu_seconds()[0], broker_cpu_seconds(args.bootstrap)
             workers.profile()
             start = await offer_backlog(args, env, payloads)
             done = await accumulator_done(client, args, env["AC_TOPIC_PREFIX"], len(payloads))
             cpu = workers.cpu_seconds()[0] - cpu_start
+            broker = broker_cpu_seconds(args.bootstrap) - broker_start
             rss = workers.peak_rss_mb()[0]
             workers.stop_profiles()
     finally:
         workers.stop()
+    logged = await changelog_records(args.bootstrap, env["AC_APP_ID"])
     return {
         "rate": actions / (done - start),
         "cpu_us_per_action": cpu * 1e6 / actions,
         "rss_mb": rss,
+        "changelog_records_per_action": logged / actions,
+        "broker_cpu_us_per_action": broker * 1e6 / actions,
     }
 
 
@@ -149,7 +161,9 @@ def print_accumulate_run(sdk_rate: float, transition_rate: float, ours: dict[str
         f"({1e6 / sdk_rate:.0f} us); c/b (accumulate only) = {ours['rate'] / sdk_rate:.2f}\n"
         f"  of the worker's {cpu:.0f} us, the transition itself is {1e6 / transition_rate:.0f}; "
         f"the other {cpu - 1e6 / transition_rate:.0f} are the Kafka clients, the write-behind "
-        f"and the summarize agent; the worker's peak RSS {ours['rss_mb']:,.0f} MiB",
+        f"and the summarize agent; the worker's peak RSS {ours['rss_mb']:,.0f} MiB; "
+        f"{ours['changelog_records_per_action']:.2f} changelog records per action; the broker "
+        f"{ours['broker_cpu_us_per_action']:.0f} us of CPU per action (the producer's included)",
         flush=True,
     )
 

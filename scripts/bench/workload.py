@@ -158,6 +158,19 @@ async def _produce_paced(
     return futures
 
 
+async def changelog_records(bootstrap: str, app_id: str) -> int:
+    """How many records the changelogs of ``app_id``'s workers hold (compaction aside)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        cluster = await consumer._client.fetch_all_metadata()
+        topics = [t for t in cluster.topics() if t.startswith(app_id) and "changelog" in t]
+        parts = [TopicPartition(t, p) for t in topics for p in cluster.partitions_for_topic(t)]
+        return sum((await consumer.end_offsets(parts)).values()) if parts else 0
+    finally:
+        await consumer.stop()
+
+
 async def records_in(bootstrap: str, topic: str, partitions: int) -> int:
     """How many records ``topic`` holds (the sum of its partitions' end offsets)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)

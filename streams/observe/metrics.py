@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from streams.observe.loop_histogram import LoopHistogram
+
 ACTIONS_IN = Counter("ac_actions_in_total", "Actions applied by the accumulator")
 REPLAYS_SKIPPED = Counter(
     "ac_replays_skipped_total", "Redelivered messages recognised and skipped", ["stage"]
@@ -63,7 +65,8 @@ SINK_OPERATIONS = Counter(
     "ac_sink_operations_total", "Context operations handled by a sink", ["sink", "op", "outcome"]
 )
 SINK_RETRIES = Counter("ac_sink_retries_total", "Sink delivery retries", ["sink"])
-END_TO_END = Histogram(
+# A sink observes these three per operation, on its event loop: see LoopHistogram.
+END_TO_END = LoopHistogram(
     "ac_end_to_end_seconds",
     "From an operation's emission to its application at a sink",
     ["sink"],
@@ -98,14 +101,14 @@ _AGE_BUCKETS = (
     21600,
     86400,
 )
-ACTION_AGE_AT_SINK = Histogram(
+ACTION_AGE_AT_SINK = LoopHistogram(
     "ac_action_age_at_sink_seconds",
     "From when the newest action's input record was written to Kafka (its record timestamp:"
     " a clock this service controls) to its batch's application at a sink",
     ["sink"],
     buckets=_AGE_BUCKETS,
 )
-ACTION_EVENT_AGE_AT_SINK = Histogram(
+ACTION_EVENT_AGE_AT_SINK = LoopHistogram(
     "ac_action_event_age_at_sink_seconds",
     "Event time: from the newest action's own timestamp_end (the user's action time, by the"
     " client's clock) to its batch's application at a sink; replayed, backfilled or"
