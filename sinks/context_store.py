@@ -14,7 +14,8 @@ operation (``streams._faust.commit``: crash-safe order, then the input's ack).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import cast
 
 import orjson
 from faust.types import TableT
@@ -64,6 +65,15 @@ class ContextStore:
         self._nested: dict[tuple[str, str], tuple[BaseModel, orjson.Fragment]] = {}
         self._cache_size = cache_size
         self._generation: int | None = None
+
+    def get(self, session_id: str) -> bytes | None:
+        """The session's stored header, or None: with the writes still pending, so a
+        context is found as soon as it is applied (tests/integration/test_view.py)."""
+        return self._get(self._table, session_id)
+
+    def keys(self) -> Iterable[str]:
+        """The table's keys (headers and batches) as its store holds them."""
+        return cast(Iterable[str], self._table.keys())
 
     def load(self, session_id: str) -> SessionContext:
         if self._generation != self._app.consumer_generation_id:

@@ -175,7 +175,7 @@ class SinkStage:
         """The pull view: like the SDK's ContextStore, without summarised actions twice."""
         if (refused := unauthorized(web, request, self.settings.api_token)) is not None:
             return refused
-        if self.contexts.get(session_id) is None:
+        if self.store.get(session_id) is None:
             return web.json({"error": f"no context for session {session_id!r}"}, status=404)
         return web.json(pull_view(self.store.load(session_id)))
 

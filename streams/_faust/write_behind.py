@@ -231,7 +231,8 @@ class WriteBehind:
         last write would move before the first, so such a unit is logged alone, in its
         own order (``crash_safe_order``; test_write_behind.py, "alone")."""
         opened, rank = self._open, self._order_of
-        ranked, last = [], {}
+        ranked: list[tuple[_Slot, _Write, int]] = []
+        last: dict[_Slot, int] = {}
         for write in unit.writes:
             slot, position = (id(write[0]), write[1]), rank(write[1], write[2])
             seen = last.get(slot)
