@@ -131,10 +131,6 @@ class Settings(BaseSettings):
     max_in_flight_requests: int = Field(default=2000, ge=1)
     # Records a worker buffers per input topic before pausing fetching (_faust/batch_source.py).
     batch_buffer: int = Field(default=4096, ge=1)
-    # How long table writes gather before they are logged, each key's last value once
-    # (_faust/write_behind.py): fewer changelog records, but at 1000 a sink's loop ran late
-    # 3-8x as often and p99 doubled (docs/performance.md, session 16): off by default.
-    checkpoint_interval_ms: int = Field(default=0, ge=0, le=60_000)
     # A session's message in progress this long is reported (a log warning and
     # ac_lane_items_stalled): a destination or LLM that retries for ever, or a hang.
     stall_warning_s: float = Field(default=60.0, gt=0)

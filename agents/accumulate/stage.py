@@ -80,11 +80,7 @@ class Accumulator:
         )
         self.sessions = sessions = session_keyed_table(app, "sessions")
         # Crash-safe order (streams._faust.commit.session_rank): batches, session entry, deletions.
-        self.writes = writes = WriteBehind(
-            app,
-            checkpoint_s=settings.checkpoint_interval_ms / 1000,
-            on_error=app.crash_on_lane_error,
-        )
+        self.writes = writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.store = TableBatches(sessions, writes)
         self.decoded = DecodedStates()
         # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).

@@ -82,11 +82,7 @@ class SinkStage:
         self.contexts = session_keyed_table(app, "contexts")
         self.dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
         # An inline sink's writes are made durable behind it (feed_inline); its loads see them.
-        self.writes = WriteBehind(
-            app,
-            checkpoint_s=settings.checkpoint_interval_ms / 1000,
-            on_error=app.crash_on_lane_error,
-        )
+        self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.inline = getattr(sink, "inline", False)
         self.store = ContextStore(app, self.contexts, read=self.writes.get if self.inline else None)
         # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).

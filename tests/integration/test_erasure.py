@@ -118,7 +118,7 @@ async def test_an_erased_session_leaves_no_trace_and_the_others_are_untouched(
             kept = any(of_session(k, "kept") and v for k, v in latest.items())
             return bool(mine) and all(v is None for v in mine) and kept
 
-        for changelog in changelogs:  # logged with each worker's next checkpoint
+        for changelog in changelogs:  # the views answer from writes still being logged
             await wait_for(lambda name=changelog: erased_from(name), timeout=30, message=changelog)
         log = pipeline.log_text() + files.log_text()
         assert "erased session gone as requested at" in log and "(T-42)" in log

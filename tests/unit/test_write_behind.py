@@ -79,7 +79,6 @@ class _Acks:
 class _App:
     def __init__(self, acks: _Acks) -> None:
         self.appender = SimpleNamespace(append_all=self._changelog)
-        self.flow_control = SimpleNamespace(manage_queue=lambda queue: None)
         self._acks = acks
 
     async def append(self, topic: str, key: bytes, value: bytes | None) -> Any:
