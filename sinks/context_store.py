@@ -14,8 +14,7 @@ operation (``streams._faust.commit``: crash-safe order, then the input's ack).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from typing import cast
+from collections.abc import Callable
 
 import orjson
 from faust.types import TableT
@@ -67,13 +66,9 @@ class ContextStore:
         self._generation: int | None = None
 
     def get(self, session_id: str) -> bytes | None:
-        """The session's stored header, or None: with the writes still pending, so a
-        context is found as soon as it is applied (tests/integration/test_view.py)."""
+        """The session's stored header, or None: with the writes still pending, so the
+        pull view finds a context as soon as it is applied, as ``load`` does."""
         return self._get(self._table, session_id)
-
-    def keys(self) -> Iterable[str]:
-        """The table's keys (headers and batches) as its store holds them."""
-        return cast(Iterable[str], self._table.keys())
 
     def load(self, session_id: str) -> SessionContext:
         if self._generation != self._app.consumer_generation_id:

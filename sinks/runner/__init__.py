@@ -23,5 +23,5 @@ def register(app: ContextApp, topics: Topics, sink: ContextSink) -> TableT[str, 
     route = app.table_route(table=stage.contexts, match_info="session_id")
     app.page("/sessions/{session_id}/context")(route(stage.session_context))
     if callable(add_routes := getattr(sink, "add_routes", None)):
-        add_routes(app, stage.store, stage.store.load)  # e.g. the vector sink's search
+        add_routes(app, stage.contexts, stage.store.load)  # e.g. the vector sink's search
     return stage.contexts

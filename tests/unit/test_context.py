@@ -286,3 +286,5 @@ def test_a_context_evicted_while_its_writes_are_pending_loads_from_them() -> Non
         pending.update((key, value) for _, key, value in store.save(before, contexts[sid]))
     assert not table.values  # nothing acknowledged yet
     assert store.load("a") == contexts["a"]  # "a" left the cache when "b" came in
+    # The pull view asks ``get`` whether a session has a context: it has one already.
+    assert store.get("b") is not None and store.get("c") is None
