@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,8 +62,14 @@ class _Group:
 class Appender:
     """``append`` records to a topic partition; await what it returns for the broker's ack."""
 
-    def __init__(self, producer: Callable[[], AIOKafkaProducer]) -> None:
+    def __init__(
+        self, producer: Callable[[], AIOKafkaProducer], *, min_round_s: float = 0.0
+    ) -> None:
+        """``min_round_s``: a round starts at least this long after the one before (records
+        that need no low latency: fewer, larger produce requests)."""
         self._producer = producer
+        self.min_round_s = min_round_s
+        self._last_round = 0.0
         self._groups: dict[tuple[str, int], _Group] = {}
         self._busy: set[int | None] = set()  # brokers (leader ids) with a round in flight
         self._waiting = asyncio.Event()
@@ -119,7 +126,10 @@ class Appender:
             # Woken by the first append since the last round, or by a round's end; this
             # runs after the tasks already ready (what they append joins the round).
             await self._waiting.wait()
+            if (wait := self._last_round + self.min_round_s - time.monotonic()) > 0:
+                await asyncio.sleep(wait)  # what is appended meanwhile joins the round
             self._waiting.clear()
+            self._last_round = time.monotonic()
             by_broker: dict[int | None, dict[tuple[str, int], _Group]] = {}
             for slot in list(self._groups):
                 broker = self._leader(slot)
