@@ -84,7 +84,7 @@ class SinkStage:
         # An inline sink's writes are made durable behind it (feed_inline); its loads see them.
         self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.inline = getattr(sink, "inline", False)
-        if self.inline:  # its changelog gates only the inputs' acknowledgements
+        if self.inline:  # its changelog gates only its inputs' acks: fewer, larger requests
             app.appender.min_round_s = settings.sink_changelog_round_ms / 1000
         self.store = ContextStore(app, self.contexts, read=self.writes.get if self.inline else None)
         # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).

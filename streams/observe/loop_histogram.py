@@ -1,8 +1,8 @@
 """A histogram observed from the event loop's thread only, without a lock per observation.
 
 ``prometheus_client``'s ``Histogram.observe`` takes a mutex for its bucket and another for
-its sum: 1.6 µs an observation, three per operation at a sink (py-spy, ``python -m
-scripts.bench --mode sink --profile``). This one keeps plain counts for a custom collector,
+its sum: 0.74-0.79 µs an observation against 0.11-0.15 here (docs/performance.md, "Tried"),
+three per operation at a sink. This one keeps plain counts for a custom collector,
 which ``prometheus_client`` serves as it serves its own (``registry.register``); the
 exposition is the same but for the ``_created`` series (tests/unit/test_loop_histogram.py).
 """
