@@ -6,7 +6,8 @@ future per call, a wake-up of the other loop), with the GIL passing between the
 two threads at each crossing: ~11,000 ``futex`` calls a second at 1,000 actions/s.
 On one loop the same calls are plain awaits. Measured at 5,000 actions/s (9 and 8
 runs alternated): p50 <= 20-30 ms against 30-40 ms, p99 <= 40-100 ms against
-50-125 ms, the same CPU (docs/performance.md, session 7).
+50-125 ms, the same CPU (docs/performance.md, session 7). The calls skip Faust's
+method queue too (``call_thread``), which only exists to cross to the thread.
 
 The trade-off is the reason Faust has the thread: heartbeats now share the
 loop, so code that blocked the loop longer than the session timeout would get
@@ -17,11 +18,14 @@ the worker dropped from its group. Nothing in these workers blocks the loop;
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer
 from faust.types import TP
+from mode.utils.futures import maybe_async
+from mode.utils.times import Seconds, want_seconds
 
 __all__ = ["MainLoopConsumer", "committed_offset"]
 
@@ -43,6 +47,13 @@ class _MainLoopConsumerThread(AIOKafkaConsumerThread):
         finally:
             self._thread_running = None
 
+    async def call_thread(
+        self, fun: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    ) -> Any:
+        # Faust's queue crosses to the thread's loop: on one loop it cost each fetch a
+        # self-pipe wake-up both ways and three tasks (test_consumer_calls_are_plain_awaits).
+        return await maybe_async(fun(*args, **kwargs))
+
     async def _gather_remaining_tasks(self) -> None:
         # Faust sweeps every task left on its thread's loop; this loop is the
         # worker's, and its other tasks are not this service's to cancel.
@@ -51,6 +62,14 @@ class _MainLoopConsumerThread(AIOKafkaConsumerThread):
 
 class MainLoopConsumer(Consumer):
     """The aiokafka ``Consumer`` of Faust, with its consumer on the calling loop."""
+
+    async def sleep(self, n: Seconds) -> None:
+        # Faust's fetch loop yields with sleep(0) before each fetch; mode's sleep waits for
+        # an Event with wait_for: a task made and cancelled each round (test_consumer_loop.py).
+        if want_seconds(n) > 0:
+            await super().sleep(n)
+        else:
+            await asyncio.sleep(0)
 
     def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
         return _MainLoopConsumerThread(

@@ -5,7 +5,9 @@ Every integration test consumes through the default; these pin the wiring."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 from streams.app import create_app
 from streams.settings import Settings
@@ -24,3 +26,40 @@ async def test_consumer_thread_setting_keeps_fausts_own_thread(tmp_path: Path) -
         assert consumer_service.thread_loop is not asyncio.get_running_loop()
     finally:
         consumer_service.thread_loop.close()  # made for the thread, which never started
+
+
+async def test_consumer_calls_are_plain_awaits(tmp_path: Path) -> None:
+    """A fetch or commit runs in the caller's task, not through Faust's method queue
+    (on one loop the queue only added a self-pipe wake-up each way and three tasks)."""
+    app = create_app(Settings(data_dir=tmp_path), role="pipeline")
+    consumer_service = app.consumer._thread
+    ran_in: list[asyncio.Task[Any] | None] = []
+
+    async def fetch(value: int) -> int:
+        ran_in.append(asyncio.current_task())
+        return value + 1
+
+    caller = asyncio.ensure_future(consumer_service.call_thread(fetch, 41))
+    done, _ = await asyncio.wait([caller], timeout=5)  # queued, it would wait for a worker
+    assert caller in done and caller.result() == 42
+    assert ran_in == [caller]
+    assert consumer_service.method_queue._queue.empty()
+
+
+async def test_the_fetch_loops_yield_is_a_plain_yield(tmp_path: Path) -> None:
+    """``sleep(0)``, which Faust's fetch loop calls before each fetch, yields once; it does
+    not wait on the stop event (mode's version: a task made and cancelled each round)."""
+    app = create_app(Settings(data_dir=tmp_path), role="pipeline")
+    consumer = app.consumer
+    waited: list[str] = []
+    real_wait = consumer._stopped.wait
+
+    def stopped_wait() -> Coroutine[Any, Any, Any]:
+        waited.append("stopped")
+        return real_wait()
+
+    consumer._stopped.wait = stopped_wait  # type: ignore[method-assign]
+    await consumer.sleep(0)
+    assert waited == []
+    await consumer.sleep(0.001)  # a real sleep still ends early when the consumer stops
+    assert waited == ["stopped"]
