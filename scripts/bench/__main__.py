@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     add("--stores", default="memory://,rocksdb://", help="--mode memory: the stores to compare")
     add("--rate", type=float, default=5_000)
     add("--latency-seconds", type=float, default=20)
+    add("--tick-ms", type=float, default=2,
+        help="--mode latency: the load generator sends every this many ms (each action "
+        "stamped with its due time, so the wait counts)")  # fmt: skip
     add("--repeat", type=int, default=1,
         help="--mode latency, accumulate or sink: runs, each on fresh topics")  # fmt: skip
     add("--sink", default="null", help="--mode sink: the sink (AC_SINK) to run")

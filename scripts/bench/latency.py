@@ -12,6 +12,7 @@ from scripts.bench.histograms import histogram_quantiles, stalls
 from scripts.bench.measure import (
     ROOT,
     Workers,
+    broker_cpu_seconds,
     new_tag,
     scrape,
     settings_of,
@@ -53,7 +54,9 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
 
             async def offer(part: list[dict[str, Any]], applied: int, label: str) -> str:
                 """Offer ``part`` at the rate, wait until the sink applied ``applied``, scrape."""
-                await produce(args.bootstrap, topic, part, rate=per_second)
+                await produce(
+                    args.bootstrap, topic, part, rate=per_second, tick_s=args.tick_ms / 1000
+                )
                 await wait_metric(
                     client,
                     sink_port,
@@ -69,16 +72,18 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
             pipeline_before = await scrape(client, args.port + 10)
             print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
             start, cpu_start = time.perf_counter(), workers.cpu_seconds()
+            broker_start = broker_cpu_seconds(args.bootstrap)
             after = await offer(measured, len(payloads), "batches applied")
             wall = time.perf_counter() - start
             cpu = [end - begin for end, begin in zip(workers.cpu_seconds(), cpu_start, strict=True)]
+            broker = broker_cpu_seconds(args.bootstrap) - broker_start
             pipeline_after = await scrape(client, args.port + 10)
     finally:
         workers.stop()
     latency = histogram_quantiles(after, "ac_action_age_at_sink_seconds", before)
     # Each worker's share of a core in steady state: what a change saves shows here
     # long before it shows in the latency (docs/performance.md, session 7).
-    latency.update(pipeline_core=cpu[0] / wall, sink_core=cpu[1] / wall)
+    latency.update(pipeline_core=cpu[0] / wall, sink_core=cpu[1] / wall, broker_core=broker / wall)
     sink_part = histogram_quantiles(after, "ac_end_to_end_seconds", before)
     latency.update(sink_p50_le_s=sink_part["p50_le_s"], sink_p99_le_s=sink_part["p99_le_s"])
     latency.update(stalls("pipeline", pipeline_after, pipeline_before))
@@ -92,7 +97,8 @@ def print_latency_run(args: argparse.Namespace, latency: dict[str, float]) -> No
         f"{latency['p50_le_s'] * 1000:.0f} ms, p99 <= {latency['p99_le_s'] * 1000:.0f} ms "
         f"(of which emitted -> sink: p50 <= {latency['sink_p50_le_s'] * 1000:.0f} ms, "
         f"p99 <= {latency['sink_p99_le_s'] * 1000:.0f} ms); CPU: pipeline "
-        f"{latency['pipeline_core']:.0%}, sink {latency['sink_core']:.0%} of a core",
+        f"{latency['pipeline_core']:.0%}, sink {latency['sink_core']:.0%}, broker "
+        f"{latency['broker_core']:.0%} of a core",
         flush=True,
     )
     for worker in ("pipeline", "sink"):
