@@ -13,6 +13,10 @@ row alone in a fresh process (`scripts/bench/client_rows.py`), its CPU the proce
     both acks=all, idempotent, linger 5 ms, every acknowledgement awaited
   faust: a no-op Faust agent on Faust's own ``aiokafka://`` and ``confluent://`` drivers
 
+With ``--rate R`` the consume rows read a fresh topic while the bench offers the workload
+at R actions/s in 2 ms ticks (as ``--mode latency`` does): the client's cost at a steady
+rate, where each fetch brings a few records, not a backlog.
+
 The rows alternate (a, b, a, b, ...) ``--repeat`` times; figures are medians. Each
 includes its client's start-up, which weighs on small runs: at 10,000 records the consume
 ratio read 0.81, at the default ~100,000 0.42-0.43. Ends with
@@ -166,10 +170,31 @@ def report(results: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
     return cpu
 
 
+async def paced_row(args: argparse.Namespace, row: str, base: dict[str, Any]) -> dict[str, Any]:
+    """``row`` reading a fresh topic while the workload is offered at ``--rate``."""
+    payloads = workload(
+        args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch
+    )
+    topic = f"perf-{measure.new_tag()}.clients-paced"
+    admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, args.partitions, 1)])
+    finally:
+        await admin.close()
+    cfg = {**row_cfg(row, base), "topic": topic, "records": len(payloads)}
+    reading = asyncio.create_task(asyncio.to_thread(run_row, row, cfg, args.port))
+    await asyncio.sleep(2)  # the row's client started and assigned: no backlog to begin with
+    await produce(args.bootstrap, topic, payloads, rate=args.rate)
+    return await reading
+
+
 async def main_async(args: argparse.Namespace) -> None:
     run_dir = measure.ROOT / ".bench" / f"clients-{measure.new_tag()}"
     run_dir.mkdir(parents=True)
     rows = [r for r in CONSUME + PRODUCE + FAUST if not args.rows or r in args.rows.split(",")]
+    if args.rate:
+        rows = [r for r in rows if r in CONSUME]
     try:
         base = await setup(args, run_dir)
         results: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
@@ -177,7 +202,11 @@ async def main_async(args: argparse.Namespace) -> None:
             for row in rows:  # alternated: every row once per repeat, in this order
                 if any("error" in r for r in results[row]):
                     continue  # it failed once: its error is the finding
-                result = await asyncio.to_thread(run_row, row, row_cfg(row, base), args.port)
+                result = await (
+                    paced_row(args, row, base)
+                    if args.rate
+                    else asyncio.to_thread(run_row, row, row_cfg(row, base), args.port)
+                )
                 results[row].append(result)
                 shown = result.get("error") or (
                     f"{result['cpu_s'] * 1e6 / result['records']:.2f} us/record, "
@@ -199,6 +228,8 @@ def parser() -> argparse.ArgumentParser:
         help="a comma-separated subset of: " + ",".join(CONSUME + PRODUCE + FAUST),
     )
     add("--port", type=int, default=6150, help="the Faust rows' web port")
+    add("--rate", type=float, default=0,
+        help="actions/s offered while each consume row reads (0: a backlog)")  # fmt: skip
     add("--timeout", type=float, default=300, help="seconds a row may take")
     add("--faust-timeout", type=float, default=60,
         help="seconds a Faust row may take, its start-up included")  # fmt: skip
