@@ -14,7 +14,7 @@ import resource
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +156,22 @@ async def consume_rdkafka_thread(cfg: dict[str, Any]) -> int:
 # produce: every record to its key's partition, acks=all, idempotent, linger 5 ms
 
 
+async def _chunks(cfg: dict[str, Any]) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+    """The records in turns of CHUNK, or with ``cfg["rate"]`` (records/s) each 2 ms tick's
+    due records, as ``--mode latency`` offers them."""
+    records, rate = cfg["data"], cfg.get("rate", 0)
+    if not rate:
+        for start in range(0, len(records), CHUNK):
+            yield records[start : start + CHUNK]
+        return
+    begin, sent = time.perf_counter(), 0
+    while sent < len(records):
+        await asyncio.sleep(max(begin + sent / rate - time.perf_counter(), 0.002))
+        due = min(len(records), int((time.perf_counter() - begin) * rate) + 1)
+        yield records[sent:due]
+        sent = due
+
+
 async def produce_aiokafka(cfg: dict[str, Any]) -> int:
     """Our workers' path: ``streams._faust.appender.Appender`` over an aiokafka producer
     set up as theirs (streams/_faust/app_base.py, streams/app.py)."""
@@ -173,9 +189,9 @@ async def produce_aiokafka(cfg: dict[str, Any]) -> int:
         in_flight: deque[tuple[asyncio.Future[Any], int]] = deque()
         pending = 0
         records = cfg["data"]
-        for start in range(0, len(records), CHUNK):
+        async for chunk in _chunks(cfg):
             counts: dict[asyncio.Future[Any], int] = {}
-            for key, value in records[start : start + CHUNK]:
+            for key, value in chunk:
                 ack = appender.append(topic, partition_of(key, partitions), key, value)
                 counts[ack] = counts.get(ack, 0) + 1
             in_flight.extend(counts.items())
@@ -208,7 +224,7 @@ async def produce_rdkafka(cfg: dict[str, Any], *, per_record: bool = True) -> in
             "message.max.bytes": DEAD_LETTER_MAX_BYTES,
         }
     )
-    topic, partitions, records = cfg["topic"], cfg["partitions"], cfg["data"]
+    topic, partitions = cfg["topic"], cfg["partitions"]
     acknowledged, errors = 0, []
 
     def delivered(covers: int) -> Callable[[Any, Any], None]:
@@ -221,8 +237,7 @@ async def produce_rdkafka(cfg: dict[str, Any], *, per_record: bool = True) -> in
         return report
 
     one, sent = delivered(1), 0
-    for start in range(0, len(records), CHUNK):
-        chunk = records[start : start + CHUNK]
+    async for chunk in _chunks(cfg):
         parts = [partition_of(key, partitions) for key, _ in chunk]
         reports: list[Any] = (
             [one] * len(chunk) if per_record else _last_per_partition(parts, delivered)

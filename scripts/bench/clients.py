@@ -14,8 +14,9 @@ row alone in a fresh process (`scripts/bench/client_rows.py`), its CPU the proce
   faust: a no-op Faust agent on Faust's own ``aiokafka://`` and ``confluent://`` drivers
 
 With ``--rate R`` the consume rows read a fresh topic while the bench offers the workload
-at R actions/s in 2 ms ticks (as ``--mode latency`` does): the client's cost at a steady
-rate, where each fetch brings a few records, not a backlog.
+at R actions/s in 2 ms ticks (as ``--mode latency`` does), and the produce rows write it
+at that rate in the same ticks: the client's cost at a steady rate, where each fetch or
+produce request carries a few records, not a backlog's hundreds.
 
 The rows alternate (a, b, a, b, ...) ``--repeat`` times; figures are medians. Each
 includes its client's start-up, which weighs on small runs: at 10,000 records the consume
@@ -136,6 +137,7 @@ async def setup(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     )
     return {
         "bootstrap": args.bootstrap, "partitions": args.partitions, "records": len(payloads),
+        "actions": sum(len(p["actions"]) for p in payloads),
         "source": source, "sink": sink, "records_file": str(records_file),
         "run_dir": str(run_dir),
         "group": f"perf-{tag}-rdkafka", "timeout_s": args.timeout,
@@ -194,7 +196,7 @@ async def main_async(args: argparse.Namespace) -> None:
     run_dir.mkdir(parents=True)
     rows = [r for r in CONSUME + PRODUCE + FAUST if not args.rows or r in args.rows.split(",")]
     if args.rate:
-        rows = [r for r in rows if r in CONSUME]
+        rows = [r for r in rows if r not in FAUST]
     try:
         base = await setup(args, run_dir)
         results: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
@@ -202,10 +204,13 @@ async def main_async(args: argparse.Namespace) -> None:
             for row in rows:  # alternated: every row once per repeat, in this order
                 if any("error" in r for r in results[row]):
                     continue  # it failed once: its error is the finding
+                cfg = row_cfg(row, base)
+                if args.rate and row in PRODUCE:  # records/s from actions/s
+                    cfg["rate"] = args.rate * base["records"] / base["actions"]
                 result = await (
                     paced_row(args, row, base)
-                    if args.rate
-                    else asyncio.to_thread(run_row, row, row_cfg(row, base), args.port)
+                    if args.rate and row in CONSUME
+                    else asyncio.to_thread(run_row, row, cfg, args.port)
                 )
                 results[row].append(result)
                 shown = result.get("error") or (
