@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from scripts.bench.workload import paced
 from streams._faust.appender import Appender
 from streams.partitions import partition_of
 from streams.topics import DEAD_LETTER_MAX_BYTES
@@ -164,12 +165,8 @@ async def _chunks(cfg: dict[str, Any]) -> AsyncIterator[list[tuple[bytes, bytes]
         for start in range(0, len(records), CHUNK):
             yield records[start : start + CHUNK]
         return
-    begin, sent = time.perf_counter(), 0
-    while sent < len(records):
-        await asyncio.sleep(max(begin + sent / rate - time.perf_counter(), 0.002))
-        due = min(len(records), int((time.perf_counter() - begin) * rate) + 1)
-        yield records[sent:due]
-        sent = due
+    async for due in paced(len(records), rate):
+        yield records[due.start : due.stop]
 
 
 async def produce_aiokafka(cfg: dict[str, Any]) -> int:

@@ -234,7 +234,8 @@ def parser() -> argparse.ArgumentParser:
     )
     add("--port", type=int, default=6150, help="the Faust rows' web port")
     add("--rate", type=float, default=0,
-        help="actions/s offered while each consume row reads (0: a backlog)")  # fmt: skip
+        help="actions/s: the consume rows read while it is offered, the produce rows write "
+        "at it (0: a backlog)")  # fmt: skip
     add("--timeout", type=float, default=300, help="seconds a row may take")
     add("--faust-timeout", type=float, default=60,
         help="seconds a Faust row may take, its start-up included")  # fmt: skip

@@ -8,6 +8,7 @@ import gc
 import os
 import random
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -139,13 +140,11 @@ async def _produce_paced(
     still a sixth. (Not ``streams._faust.appender``: with its per-round acknowledgements the
     generator took 20% of a core against 12% with this loop.)"""
     partitions = len(await producer.partitions_for(topic))
-    futures, start, wall_start, n = [], time.perf_counter(), time.time(), 0
-    while n < len(payloads):
-        if (delay := start + n / rate - time.perf_counter()) > 0:
-            await asyncio.sleep(max(delay, tick_s))
-        due = min(len(payloads), int((time.perf_counter() - start) * rate) + 1)
+    futures: list[asyncio.Future[Any]] = []
+    wall_start = time.time()
+    async for due in paced(len(payloads), rate, tick_s):
         batches: dict[int, Any] = {}
-        for i, p in enumerate(payloads[n:due], n):
+        for i, p in zip(due, payloads[due.start : due.stop], strict=True):
             happened = wall_start + i / rate  # when the generator owed it
             for a in p["actions"]:
                 a["timestamp_end"] = happened
@@ -163,8 +162,19 @@ async def _produce_paced(
             # (linger_ms), which added up to 5 ms to every action's measured latency.
             batch.close()
             futures.append(await producer.send_batch(batch, topic, partition=partition))
-        n = due
     return futures
+
+
+async def paced(count: int, rate: float, tick_s: float = PACING_TICK_S) -> AsyncIterator[range]:
+    """The indices of ``count`` items offered at ``rate`` a second: every tick (at least
+    ``tick_s`` apart, none while behind), the range of those now due."""
+    start, sent = time.perf_counter(), 0
+    while sent < count:
+        if (delay := start + sent / rate - time.perf_counter()) > 0:
+            await asyncio.sleep(max(delay, tick_s))
+        due = min(count, int((time.perf_counter() - start) * rate) + 1)
+        yield range(sent, due)
+        sent = due
 
 
 async def changelog_records(bootstrap: str, app_id: str) -> int:
