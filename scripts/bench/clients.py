@@ -113,7 +113,9 @@ def _tail(output: bytes) -> str:
     return " | ".join((errors or lines)[-3:])[-600:]
 
 
-async def setup(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
+async def setup(
+    args: argparse.Namespace, run_dir: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The workload's payloads in a topic (the consume rows read it) and in a file (the
     produce rows write it again, to a topic of their own)."""
     payloads = workload(
@@ -142,7 +144,7 @@ async def setup(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "group": f"perf-{tag}-rdkafka", "timeout_s": args.timeout,
         "faust_timeout_s": args.faust_timeout,
-    }  # fmt: skip
+    }, payloads  # fmt: skip
 
 
 def row_cfg(row: str, base: dict[str, Any]) -> dict[str, Any]:
@@ -172,11 +174,10 @@ def report(results: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
     return cpu
 
 
-async def paced_row(args: argparse.Namespace, row: str, base: dict[str, Any]) -> dict[str, Any]:
-    """``row`` reading a fresh topic while the workload is offered at ``--rate``."""
-    payloads = workload(
-        args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch
-    )
+async def paced_row(
+    args: argparse.Namespace, row: str, base: dict[str, Any], payloads: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """``row`` reading a fresh topic while ``payloads`` are offered at ``--rate``."""
     topic = f"perf-{measure.new_tag()}.clients-paced"
     admin = AIOKafkaAdminClient(bootstrap_servers=args.bootstrap)
     await admin.start()
@@ -198,7 +199,7 @@ async def main_async(args: argparse.Namespace) -> None:
     if args.rate:
         rows = [r for r in rows if r not in FAUST]
     try:
-        base = await setup(args, run_dir)
+        base, payloads = await setup(args, run_dir)
         results: dict[str, list[dict[str, Any]]] = {row: [] for row in rows}
         for repeat in range(args.repeat):
             for row in rows:  # alternated: every row once per repeat, in this order
@@ -208,7 +209,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 if args.rate and row in PRODUCE:  # records/s from actions/s
                     cfg["rate"] = args.rate * base["records"] / base["actions"]
                 result = await (
-                    paced_row(args, row, base)
+                    paced_row(args, row, base, payloads)
                     if args.rate and row in CONSUME
                     else asyncio.to_thread(run_row, row, cfg, args.port)
                 )
