@@ -13,6 +13,8 @@ from scripts.bench.measure import (
     ROOT,
     Workers,
     broker_cpu_seconds,
+    machine_shares,
+    machine_ticks,
     new_tag,
     scrape,
     settings_of,
@@ -72,11 +74,12 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
             pipeline_before = await scrape(client, args.port + 10)
             print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
             start, cpu_start = time.perf_counter(), workers.cpu_seconds()
-            broker_start = broker_cpu_seconds(args.bootstrap)
+            broker_start, machine_start = broker_cpu_seconds(args.bootstrap), machine_ticks()
             after = await offer(measured, len(payloads), "batches applied")
             wall = time.perf_counter() - start
             cpu = [end - begin for end, begin in zip(workers.cpu_seconds(), cpu_start, strict=True)]
             broker = broker_cpu_seconds(args.bootstrap) - broker_start
+            machine = machine_shares(machine_start, machine_ticks())
             pipeline_after = await scrape(client, args.port + 10)
     finally:
         workers.stop()
@@ -84,6 +87,7 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
     # Each worker's share of a core in steady state: what a change saves shows here
     # long before it shows in the latency (docs/performance.md, session 7).
     latency.update(pipeline_core=cpu[0] / wall, sink_core=cpu[1] / wall, broker_core=broker / wall)
+    latency.update(machine)
     sink_part = histogram_quantiles(after, "ac_end_to_end_seconds", before)
     latency.update(sink_p50_le_s=sink_part["p50_le_s"], sink_p99_le_s=sink_part["p99_le_s"])
     latency.update(stalls("pipeline", pipeline_after, pipeline_before))
@@ -98,7 +102,8 @@ def print_latency_run(args: argparse.Namespace, latency: dict[str, float]) -> No
         f"(of which emitted -> sink: p50 <= {latency['sink_p50_le_s'] * 1000:.0f} ms, "
         f"p99 <= {latency['sink_p99_le_s'] * 1000:.0f} ms); CPU: pipeline "
         f"{latency['pipeline_core']:.0%}, sink {latency['sink_core']:.0%}, broker "
-        f"{latency['broker_core']:.0%} of a core",
+        f"{latency['broker_core']:.0%} of a core; the machine's cores "
+        f"{latency['machine_busy']:.0%} busy, {latency['machine_steal']:.0%} stolen by the host",
         flush=True,
     )
     for worker in ("pipeline", "sink"):
@@ -119,7 +124,9 @@ def print_latency_summary(runs: list[dict[str, float]]) -> None:
     workers, the broker and the load generator), so one run proves little."""
     under = sum(1 for latency in runs if latency["p99_le_s"] < 0.1)
     bounds = ", ".join(f"{latency['p99_le_s'] * 1000:.0f}" for latency in runs)
+    stolen = ", ".join(f"{latency['machine_steal']:.0%}" for latency in runs)
     print(f"p99 bounds (ms): {bounds}; under 100 ms in {under} of {len(runs)} runs")
+    print(f"stolen by the host in each run: {stolen}")
 
 
 async def run_latency(args: argparse.Namespace) -> None:

@@ -263,3 +263,22 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and all its threads so far (/proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ticks() -> tuple[int, int, int]:
+    """The machine's CPU ticks so far, all cores (/proc/stat): (busy, stolen, total).
+
+    Steal is time the hypervisor gave our virtual cores to someone else: on this kind
+    of machine it comes and goes, and a run that lost 10% of its cores to it is slower
+    for no reason in the code (docs/performance.md)."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        int(n) for n in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    busy = user + nice + system + irq + softirq
+    return busy, steal, busy + idle + iowait + steal
+
+
+def machine_shares(start: tuple[int, int, int], end: tuple[int, int, int]) -> dict[str, float]:
+    """Between two :func:`machine_ticks`: the share of the cores busy and stolen."""
+    busy, steal, total = (b - a for a, b in zip(start, end, strict=True))
+    return {"machine_busy": busy / max(total, 1), "machine_steal": steal / max(total, 1)}

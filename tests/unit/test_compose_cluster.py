@@ -70,3 +70,12 @@ def test_the_cluster_profile_workers_replicate_as_the_brokers_allow(
         assert str(env["AC_REPLICATION_FACTOR"]) == script["default.replication.factor"]
         assert str(env["AC_MIN_INSYNC_REPLICAS"]) == script["min.insync.replicas"]
         assert len(env["KAFKA_BOOTSTRAP_SERVERS"].split(",")) == 3
+
+
+def test_the_single_broker_runs_with_the_scripts_heap(services: dict[str, Any]) -> None:
+    # Both use Kafka's own JVM options (the image's defaults; scripts/kafka.sh copies them),
+    # so the heap is what remains to keep in step.
+    heap = re.search(r"local heap=\$\{KAFKA_HEAP:-(\w+)\}", KAFKA_SCRIPT.read_text())
+    assert heap, "scripts/kafka.sh no longer sets the single broker's heap where expected"
+    opts = services["kafka"]["environment"]["KAFKA_HEAP_OPTS"].split()
+    assert opts == [f"-Xmx{heap.group(1)}", f"-Xms{heap.group(1)}"]
