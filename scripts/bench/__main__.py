@@ -93,6 +93,8 @@ def parser() -> argparse.ArgumentParser:
     add("--tick-ms", type=float, default=2,
         help="--mode latency: the load generator sends every this many ms (each action "
         "stamped with its due time, so the wait counts)")  # fmt: skip
+    add("--generator", choices=["aiokafka", "rdkafka"], default="aiokafka",
+        help="--mode latency: the load generator's Kafka client")  # fmt: skip
     add("--repeat", type=int, default=1,
         help="--mode latency, accumulate or sink: runs, each on fresh topics")  # fmt: skip
     add("--sink", default="null", help="--mode sink: the sink (AC_SINK) to run")

@@ -57,7 +57,12 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
             async def offer(part: list[dict[str, Any]], applied: int, label: str) -> str:
                 """Offer ``part`` at the rate, wait until the sink applied ``applied``, scrape."""
                 await produce(
-                    args.bootstrap, topic, part, rate=per_second, tick_s=args.tick_ms / 1000
+                    args.bootstrap,
+                    topic,
+                    part,
+                    rate=per_second,
+                    tick_s=args.tick_ms / 1000,
+                    client=args.generator,
                 )
                 await wait_metric(
                     client,
@@ -74,11 +79,13 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
             pipeline_before = await scrape(client, args.port + 10)
             print(f"  offering {args.rate:,.0f} actions/s for {seconds:.0f}s ...")
             start, cpu_start = time.perf_counter(), workers.cpu_seconds()
+            own_start = time.process_time()  # this process: the load generator (and scrapes)
             broker_start, machine_start = broker_cpu_seconds(args.bootstrap), machine_ticks()
             after = await offer(measured, len(payloads), "batches applied")
             wall = time.perf_counter() - start
             cpu = [end - begin for end, begin in zip(workers.cpu_seconds(), cpu_start, strict=True)]
             broker = broker_cpu_seconds(args.bootstrap) - broker_start
+            generator = time.process_time() - own_start
             machine = machine_shares(machine_start, machine_ticks())
             pipeline_after = await scrape(client, args.port + 10)
     finally:
@@ -87,7 +94,7 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
     # Each worker's share of a core in steady state: what a change saves shows here
     # long before it shows in the latency (docs/performance.md, session 7).
     latency.update(pipeline_core=cpu[0] / wall, sink_core=cpu[1] / wall, broker_core=broker / wall)
-    latency.update(machine)
+    latency.update(machine, generator_core=generator / wall)
     sink_part = histogram_quantiles(after, "ac_end_to_end_seconds", before)
     latency.update(sink_p50_le_s=sink_part["p50_le_s"], sink_p99_le_s=sink_part["p99_le_s"])
     latency.update(stalls("pipeline", pipeline_after, pipeline_before))
@@ -102,7 +109,8 @@ def print_latency_run(args: argparse.Namespace, latency: dict[str, float]) -> No
         f"(of which emitted -> sink: p50 <= {latency['sink_p50_le_s'] * 1000:.0f} ms, "
         f"p99 <= {latency['sink_p99_le_s'] * 1000:.0f} ms); CPU: pipeline "
         f"{latency['pipeline_core']:.0%}, sink {latency['sink_core']:.0%}, broker "
-        f"{latency['broker_core']:.0%} of a core; the machine's cores "
+        f"{latency['broker_core']:.0%}, load generator {latency['generator_core']:.0%} of a core; "
+        "the machine's cores "
         f"{latency['machine_busy']:.0%} busy, {latency['machine_steal']:.0%} stolen by the host",
         flush=True,
     )
