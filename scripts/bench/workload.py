@@ -173,8 +173,8 @@ async def _produce_paced_rdkafka(
 ) -> None:
     """``_produce_paced`` on librdkafka (confluent-kafka, the ``bench`` extra): each tick's
     payloads handed to its queue, then ``flush(0)``, which sends what lingers at once: one
-    request per tick, as the aiokafka generator's closed batches (``linger.ms`` 0 sent a
-    request per payload, and the broker spent 12% of a core more)."""
+    request per tick, as the aiokafka generator's closed batches (with ``linger.ms`` 0 its
+    requests were smaller and more, and the broker spent 12% of a core more)."""
     from confluent_kafka import Producer
 
     producer = Producer(
