@@ -1,6 +1,8 @@
-"""Decoding a context operation: pydantic (today) against msgspec, whole or header only.
+"""Decoding a context operation: pydantic, the sink's ``decode_context_message`` (msgspec,
+then the models built) and msgspec alone, whole or header only;
+and an input payload as the accumulator takes it: the model built, against the Struct alone.
 
-    python -m scripts.bench.codecs        (msgspec: the bench extra)
+    python -m scripts.bench.codecs
 
 The sink validates every operation with pydantic; msgspec Structs of the same fields
 are the candidate for the internal hot-path messages (docs/performance.md).
@@ -23,7 +25,7 @@ from schemas import (
     context_message_adapter,
     encode,
 )
-from schemas.fast import struct_of
+from schemas.fast import _input_decoder, decode_context_message, decode_input, struct_of
 from scripts.bench.workload import workload
 
 Action = struct_of(SlimAction, "Action")
@@ -64,7 +66,8 @@ def main() -> None:
     head = msgspec.json.Decoder(Header)
     assert full.decode(raws[0]).session_id == orjson.loads(raws[0])["session_id"]
     cases = {
-        "pydantic: orjson.loads + validate_python (today)": lambda r: (
+        "decode_context_message (the sink today)": decode_context_message,
+        "pydantic: orjson.loads + validate_python": lambda r: (
             context_message_adapter.validate_python(orjson.loads(r))
         ),
         "pydantic: validate_json": context_message_adapter.validate_json,
@@ -73,9 +76,36 @@ def main() -> None:
         "orjson.loads alone (no validation)": orjson.loads,
     }
     print(f"{len(raws)} actions_written records, {sum(map(len, raws)) / len(raws):.0f} bytes each")
+    _time(cases, raws, "record")
+    _input_payloads()
+
+
+def _time(cases: dict[str, Any], raws: list[bytes], unit: str) -> None:
     for name, decode in cases.items():
         runs = timeit.repeat(lambda d=decode: [d(r) for r in raws], number=3, repeat=5)
-        print(f"  {name:<62} {min(runs) / 3 / len(raws) * 1e6:6.2f} us per record")
+        print(f"  {name:<62} {min(runs) / 3 / len(raws) * 1e6:6.2f} us per {unit}")
+
+
+def _input_payloads() -> None:
+    """What the accumulator does with a payload before its own work: today the pydantic
+    model is built (``payload_of``) and serialised again for the stored batch."""
+    raws = [orjson.dumps(p) for p in workload(3000, 100, 1, min_batch=1, max_batch=3)]
+    encoder = msgspec.json.Encoder()
+
+    def today(raw: bytes) -> Any:
+        payload = decode_input(raw)
+        return payload.__pydantic_serializer__.to_json(payload), payload.numbered_text(1)
+
+    cases = {
+        "decode_input, to_json, numbered_text (today)": today,
+        "decode_input alone (the Struct, then the model built)": decode_input,
+        "the Struct decoded and encoded again (no model)": lambda r: encoder.encode(
+            _input_decoder.decode(r)
+        ),
+    }
+    actions = sum(len(orjson.loads(r)["actions"]) for r in raws)
+    print(f"{len(raws)} input payloads, {actions / len(raws):.1f} actions each")
+    _time(cases, raws, "payload")
 
 
 if __name__ == "__main__":
