@@ -151,7 +151,7 @@ launch() {
   format_storage
   : >"$logfile"
   # Kafka's own start scripts' JVM options (kafka-server-start.sh, kafka-run-class.sh): at 5,000
-  # actions/s a 512m heap paused 4x as often, p99 < 100 ms in 2 of 18 runs against 6 (performance.md).
+  # actions/s a 512m heap paused 4-6x as often, p99 < 100 ms in 5 of 24 runs against 10 (performance.md).
   local heap=${KAFKA_HEAP:-1g}
   local jvm=(-Xms"$heap" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:InitiatingHeapOccupancyPercent=35
     -XX:+ExplicitGCInvokesConcurrent)
