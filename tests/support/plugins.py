@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -63,8 +64,12 @@ class RecordingSink:
             handle.write(orjson.dumps(op.model_dump(mode="json", exclude={"payload"})) + b"\n")
 
 
-def read_records(path: Path) -> list[dict[str, object]]:
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of a file a worker appends to while the test reads it: a
+    last line without its newline is still being written (a test read one half-written,
+    test_llm_outage_loses_nothing_and_the_breaker_recovers; tests/unit/test_record_files.py)."""
     if not path.exists():
         return []
-    lines = path.read_bytes().splitlines()
-    return [orjson.loads(line) for line in lines if line.strip()]
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    return [orjson.loads(line) for line in complete.splitlines() if line.strip()]

@@ -18,6 +18,7 @@ import orjson
 from sinks.base import Operation
 from sinks.context import SessionContext
 from streams.settings import Settings
+from tests.support.plugins import read_records
 
 __all__ = [
     "SlowSink",
@@ -41,10 +42,7 @@ def append_record(name: str, record: dict[str, Any]) -> None:
 
 
 def read_plugin_records(directory: Path, name: str) -> list[dict[str, Any]]:
-    path = directory / f"{name}.jsonl"
-    if not path.exists():
-        return []
-    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return read_records(directory / f"{name}.jsonl")
 
 
 class SlowSink:
