@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.actions import SlimAction
+from schemas.actions import Action, SlimAction
 from schemas.text import one_line
 
 __all__ = [
@@ -151,7 +152,7 @@ def new_ledger() -> dict[str, Any]:
     return SessionLedger().model_dump(mode="json")
 
 
-def _entry(seq: int, action: SlimAction) -> dict[str, Any]:
+def _entry(seq: int, action: SlimAction | Action) -> dict[str, Any]:
     return {"seq": seq, "text": _entry_text(action.type, action.description or action.title)}
 
 
@@ -176,7 +177,7 @@ def _keep_last(entries: list[dict[str, Any]], keep: int) -> None:
 
 def update_ledger(
     ledger: dict[str, Any],
-    actions: list[SlimAction],
+    actions: Sequence[SlimAction | Action],
     seq_from: int,
     limits: LedgerLimits,
     now: float,

@@ -38,7 +38,7 @@ from agents.accumulate.state import (
 )
 from agents.pii import build_pii_filter
 from schemas import EraseRequest, InvalidMessage, SessionErased
-from schemas.fast import decode_input
+from schemas.fast import decode_payload
 from streams._faust.batch_source import BatchSource
 from streams._faust.write_behind import WriteBehind
 from streams.app import ContextApp
@@ -147,7 +147,7 @@ class Accumulator:
                 emissions.extend(self.forget(erase, now))
                 continue
             try:
-                payload = decode_input(message.value)
+                payload = decode_payload(message.value)
             except InvalidMessage as exc:
                 await dead_letters.write(message, exc.reason)
                 continue
@@ -266,7 +266,7 @@ def _erase_request(message: Message) -> EraseRequest | None:
     try:
         data = orjson.loads(message.value or b"")
     except orjson.JSONDecodeError:
-        return None  # decode_input() says why, below
+        return None  # decode_payload() says why, below
     if not isinstance(data, dict) or data.get("type") != "erase":
         return None  # an actions payload that merely contains the word
     return EraseRequest.model_validate(data)

@@ -22,10 +22,15 @@ import re
 import secrets as random_secrets
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Any, TypeVar
 from urllib.parse import unquote, unquote_plus
+
+import msgspec
+from pydantic import BaseModel
 
 from agents.pii.detectors import BUILT_IN, Detector, Phones, Span, regex_detector
 from schemas import ActionsPayload
+from schemas.actions import Payload
 from schemas.text import PII_PLACEHOLDER
 from streams.observe import metrics
 from streams.settings import ConfigurationError, Settings
@@ -49,6 +54,7 @@ FIELD_POLICY: dict[str, str] = {
     "email": "EMAIL",
 }
 _PAYLOAD_FIELDS = ("user_id", "email")
+P = TypeVar("P", ActionsPayload, Payload)  # the summarizer's models, the accumulator's Structs
 _CACHED_CHARS = 512  # fields, not summaries: bounds the cache's memory to a few MiB
 _ACTION_FIELDS = tuple(FIELD_POLICY)
 
@@ -170,7 +176,7 @@ class PiiFilter:
         text = self._query_values(text, session_key, hits)
         return self._detectors_on(text, session_key, hits)
 
-    def redact(self, payloads: list[ActionsPayload], session_key: str) -> list[ActionsPayload]:
+    def redact(self, payloads: list[P], session_key: str) -> list[P]:
         """The payloads with every field of :data:`FIELD_POLICY` filtered: new ones where
         something was found, else the same objects (the input is never modified)."""
         return [self._payload(p, session_key) for p in payloads]
@@ -185,17 +191,24 @@ class PiiFilter:
                     update[name] = redacted
         return update
 
-    def _payload(self, payload: ActionsPayload, session_key: str) -> ActionsPayload:
+    def _payload(self, payload: P, session_key: str) -> P:
         actions, changed = [], False
         for action in payload.actions:
             update = self._fields(action, _ACTION_FIELDS, session_key)
-            actions.append(action.model_copy(update=update) if update else action)
+            actions.append(_copy(action, update) if update else action)
             changed = changed or bool(update)
         changes = self._fields(payload, _PAYLOAD_FIELDS, session_key)
         if not (changed or changes):
             return payload  # nothing found: the same values, without a copy (test_pii.py)
         changes["actions"] = actions
-        return payload.model_copy(update=changes)
+        return _copy(payload, changes)
+
+
+def _copy(obj: Any, update: dict[str, Any]) -> Any:
+    """A copy of a model (the summarizer's) or a Struct (the accumulator's) with ``update``."""
+    if isinstance(obj, BaseModel):
+        return obj.model_copy(update=update)
+    return msgspec.structs.replace(obj, **update)
 
 
 def _custom_detectors(settings: Settings) -> list[tuple[str, Detector]]:

@@ -94,13 +94,13 @@ def bench_transition(payload_bytes: list[bytes], actions: int, threshold: int) -
     summarize request at K), encode the entry again.
     """
     from agents.accumulate.state import Limits, MemoryBatchStore, SessionState, apply_payload
-    from schemas.fast import decode_input
+    from schemas.fast import decode_payload
 
     limits = Limits(threshold=threshold, max_actions_per_batch=Settings().max_actions_per_batch)
     store, entries = MemoryBatchStore(), dict[str, bytes]()
     start = time.perf_counter()
     for offset, raw in enumerate(payload_bytes):
-        payload = decode_input(raw)
+        payload = decode_payload(raw)
         entry = entries.get(payload.session_id)
         state = None if entry is None else SessionState.from_bytes(entry)
         state, _ = apply_payload(state, payload, offset, limits, store=store)

@@ -30,13 +30,14 @@ def operations(
     """The context operations for ``payloads`` (key, value), in the pipeline's order per
     session; with how many are ``actions_written`` and how many ``summary_ready``."""
     from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload
-    from schemas import ActionsPayload, SummarizeRequest, SummaryReady, decode, encode
+    from schemas import SummarizeRequest, SummaryReady, decode, encode
+    from schemas.fast import decode_payload
     from streams.settings import Settings
 
     limits = Limits(threshold=threshold, max_actions_per_batch=Settings().max_actions_per_batch)
     store, states, out, written, summaries = MemoryBatchStore(), dict[str, Any](), [], 0, 0
     for offset, data in enumerate(payloads):
-        payload = decode(ActionsPayload, orjson.dumps(data))
+        payload = decode_payload(orjson.dumps(data))
         state, emitted = apply_payload(
             states.get(payload.session_id), payload, offset, limits, store=store
         )

@@ -1,19 +1,23 @@
 """schemas.fast's exact paths: an input payload or a summarize request decoded with
-msgspec gives exactly pydantic's model, or pydantic's refusal (pydantic is the oracle)."""
+msgspec gives exactly pydantic's values (an input's Struct encodes to the JSON of
+pydantic's model), or pydantic's refusal (pydantic is the oracle)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload, close_idle
-from schemas import ActionsPayload, InvalidMessage, SummarizeRequest, decode
-from schemas.fast import decode_input, decode_request
+from schemas import ActionsPayload, InvalidMessage, SlimAction, SummarizeRequest, decode
+from schemas.actions import Action, Payload
+from schemas.fast import decode_payload, decode_request, encode_payload, payload_struct
 from scripts.bench.workload import workload
 
 big_ints = st.sampled_from([2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, 10**30])
@@ -93,16 +97,29 @@ def dumps(data: Any) -> bytes:
 
 
 def outcome(decoder: Any, raw: bytes | None) -> tuple[str, str]:
-    """What a decoder gives: the model dumped with its types (repr: 1 is not 1.0), or why not."""
+    """What a decoder gives: its values with their types (repr: 1 is not 1.0), or why not."""
     try:
-        model = decoder(raw)
+        found = decoder(raw)
     except InvalidMessage as exc:
         return ("refused", exc.reason)
-    return (type(model).__name__, repr(model.model_dump()))
+    values = found.model_dump() if isinstance(found, BaseModel) else msgspec.to_builtins(found)
+    return ("accepted", repr(values))
 
 
 def _pydantic_input(raw: bytes | None) -> ActionsPayload:
     return decode(ActionsPayload, raw)
+
+
+def same_input(raw: bytes) -> None:
+    """decode_payload gives pydantic's values or its refusal, and the JSON it is stored
+    as reads as the model's JSON does (the same values and types)."""
+    assert outcome(decode_payload, raw) == outcome(_pydantic_input, raw)
+    try:
+        model = _pydantic_input(raw)
+    except InvalidMessage:
+        return
+    stored = encode_payload(decode_payload(raw))
+    assert repr(json.loads(stored)) == repr(json.loads(model.model_dump_json()))
 
 
 def _pydantic_request(raw: bytes | None) -> SummarizeRequest:
@@ -112,8 +129,7 @@ def _pydantic_request(raw: bytes | None) -> SummarizeRequest:
 @settings(max_examples=1500, deadline=None)
 @given(_mostly(payloads, anything))
 def test_an_input_payload_decodes_as_pydantic_decodes_it(data: Any) -> None:
-    raw = dumps(data)
-    assert outcome(decode_input, raw) == outcome(_pydantic_input, raw)
+    same_input(dumps(data))
 
 
 @pytest.mark.parametrize(
@@ -147,7 +163,34 @@ def test_an_input_payload_decodes_as_pydantic_decodes_it(data: Any) -> None:
     ],
 )
 def test_edge_inputs_decode_as_pydantic_decodes_them(raw: bytes | None) -> None:
-    assert outcome(decode_input, raw) == outcome(_pydantic_input, raw)
+    if raw is None:
+        assert outcome(decode_payload, raw) == outcome(_pydantic_input, raw)
+    else:
+        same_input(raw)
+
+
+def test_the_structs_are_the_models() -> None:
+    """Action and Payload have the models' fields, in their order, with their defaults:
+    what makes a Struct's JSON the model's."""
+    for struct, model in ((Action, SlimAction), (Payload, ActionsPayload)):
+        fields = msgspec.structs.fields(struct)
+        assert [f.name for f in fields] == list(model.model_fields)
+        for f in fields:
+            field = model.model_fields[f.name]
+            assert f.required == field.is_required(), f.name
+            if not f.required:
+                made = f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+                assert made == field.get_default(call_default_factory=True), f.name
+            assert f.type == field.annotation or f.name == "actions"
+
+
+def test_the_stored_batch_is_the_models_json() -> None:
+    """The workload's payloads are stored byte for byte as pydantic writes them."""
+    for data in workload(2000, 50, 1, min_batch=1, max_batch=5):
+        raw = orjson.dumps(data)
+        model = _pydantic_input(raw)
+        assert encode_payload(decode_payload(raw)) == model.__pydantic_serializer__.to_json(model)
+        assert encode_payload(payload_struct(model)) == model.model_dump_json().encode()
 
 
 def _requests() -> list[bytes]:
@@ -156,7 +199,7 @@ def _requests() -> list[bytes]:
     states: dict[str, Any] = {}
     out = []
     for offset, data in enumerate(workload(400, 4, 3, min_batch=1, max_batch=5)):
-        payload = ActionsPayload.model_validate(data)
+        payload = payload_struct(ActionsPayload.model_validate(data))
         sid = payload.session_id
         states[sid], emitted = apply_payload(
             states.get(sid), payload, offset, limits, 1.0, store=store

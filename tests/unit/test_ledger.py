@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload, close_idle
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from schemas import ActionsPayload, SummarizeRequest
+from schemas.fast import payload_struct
 from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
 
 
@@ -42,7 +43,9 @@ def test_the_ledger_counts_equal_those_computed_from_the_input() -> None:
     for sid, batches in by_session.items():
         store, state = MemoryBatchStore(), None
         for offset, p in enumerate(batches):
-            state, _ = apply_payload(state, p, offset, limits, now=1000.0 + offset, store=store)
+            state, _ = apply_payload(
+                state, payload_struct(p), offset, limits, now=1000.0 + offset, store=store
+            )
         assert state is not None and state.ledger is not None
         ledger = SessionLedger.model_validate(state.ledger)
         want = counted_from_input(batches, limits.ledger)
@@ -93,7 +96,7 @@ def test_every_summarize_request_carries_the_ledger_and_a_close_always_sends_a_f
     payload = ActionsPayload.model_validate(
         {"session_id": "s", "actions": [{"type": "click", "description": "d"}] * 5}
     )
-    state, out = apply_payload(None, payload, 0, limits, now=1.0, store=store)
+    state, out = apply_payload(None, payload_struct(payload), 0, limits, now=1.0, store=store)
     (request,) = [
         SummarizeRequest.model_validate_json(e.value) for e in out if e.topic != "context"
     ]

@@ -20,6 +20,7 @@ from agents.pii import FIELD_POLICY, PLACEHOLDER, PiiFilter, build_pii_filter, d
 from agents.pii.presidio import presidio_detectors
 from agents.summarizer import build_prompt, default_format_actions
 from schemas import ActionsPayload
+from schemas.fast import payload_struct
 from streams.observe import metrics
 from streams.settings import ConfigurationError, Settings, from_environment
 
@@ -139,7 +140,9 @@ def test_destinations_filter_the_accumulator_context_and_ledger(pii: PiiFilter) 
         }
     )
     limits = Limits(threshold=1, max_actions_per_batch=10, pii=pii)
-    state, out = apply_payload(None, payload, 0, limits, now=1.0, store=MemoryBatchStore())
+    state, out = apply_payload(
+        None, payload_struct(payload), 0, limits, now=1.0, store=MemoryBatchStore()
+    )
     assert out and all(b"x@y.io" not in e.value for e in out)
     assert any(b"<EMAIL_" in e.value for e in out)
     assert "x@y.io" not in json.dumps(state.ledger)

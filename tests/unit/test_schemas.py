@@ -209,3 +209,15 @@ def test_escaping_searches_first_and_escapes_every_character_translate_would() -
             assert escape(text) == text.translate(table), hex(cp)
     plain = "[1] click: Save — https://app.example.com/projects/:id"
     assert one_line(plain) is plain
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet=st.sampled_from("ab \n\r\t\x00\x1b\x7f\xa0\xad\u202e\u2028—[]"))))
+def test_one_line_each(fields: list[str]) -> None:
+    """One search of the joined text gives what escaping every line alone gives, a
+    newline inside a line included (that line must not read as two)."""
+    from schemas.text import one_line, one_line_each
+
+    lines = [f"[{i}] {field}" for i, field in enumerate(fields)] or [""]
+    assert one_line_each(lines) == "\n".join(map(one_line, lines))
+    assert one_line_each(lines).count("\n") == len(lines) - 1

@@ -19,18 +19,22 @@ from agents.accumulate.state import (
 )
 from agents.summarize.state import SummaryState
 from schemas import ActionsPayload, ActionsWritten, SummarizeRequest
+from schemas.actions import Payload
+from schemas.fast import payload_struct
 
 
-def payload(n: int, sid: str = "s1", start: int = 0) -> ActionsPayload:
-    return ActionsPayload.model_validate(
-        {
-            "session_id": sid,
-            "product_id": "p",
-            "actions": [
-                {"title": f"a{i}", "description": f"did {i}", "canonical_url": "/x", "index": i}
-                for i in range(start, start + n)
-            ],
-        }
+def payload(n: int, sid: str = "s1", start: int = 0) -> Payload:
+    return payload_struct(
+        ActionsPayload.model_validate(
+            {
+                "session_id": sid,
+                "product_id": "p",
+                "actions": [
+                    {"title": f"a{i}", "description": f"did {i}", "canonical_url": "/x", "index": i}
+                    for i in range(start, start + n)
+                ],
+            }
+        )
     )
 
 
