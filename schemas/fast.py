@@ -260,14 +260,18 @@ _NAMES = {
 }
 
 
-def decode_context_message(raw: bytes) -> ActionsWritten | SummaryReady | SessionErased:
+def decode_context_message(
+    raw: bytes, *, payload: bool = True
+) -> ActionsWritten | SummaryReady | SessionErased:
     """An operation on ``context``, equal to ``context_message_adapter``'s validation of it.
+    ``payload=False``: an ``actions_written``'s payload is checked as strictly, and not
+    built (None): most of the cost, for a sink that does not read it.
 
     What our stages wrote is decoded with msgspec; anything it does not take as is (a
     null for a default, an unknown op, a constraint of the models) goes to pydantic,
     which either takes it or says why not (tests/unit/test_fast_decode.py)."""
     try:
-        found = _fast_message(_message_decoder.decode(raw))
+        found = _fast_message(_message_decoder.decode(raw), payload)
     except (msgspec.ValidationError, msgspec.DecodeError):
         found = None
     if found is not None:
@@ -280,7 +284,9 @@ def decode_context_message(raw: bytes) -> ActionsWritten | SummaryReady | Sessio
         raise InvalidMessage(f"invalid context operation: {describe(exc)}") from None
 
 
-def _fast_message(struct: Any) -> ActionsWritten | SummaryReady | SessionErased | None:
+def _fast_message(
+    struct: Any, payload: bool
+) -> ActionsWritten | SummaryReady | SessionErased | None:
     """The model of a decoded Struct, or None where pydantic would change or refuse it."""
     fields = asdict(struct)
     if isinstance(struct, _ErasedStruct):
@@ -291,7 +297,8 @@ def _fast_message(struct: Any) -> ActionsWritten | SummaryReady | SessionErased 
     if isinstance(struct, _WrittenStruct):
         if not _exact(struct.payload):
             return None  # refused by ActionsPayload's validators
-        fields["op"], fields["payload"] = "actions_written", payload_of(struct.payload)
+        fields["op"] = "actions_written"
+        fields["payload"] = payload_of(struct.payload) if payload else None
         return built(ActionsWritten, fields, _NAMES[ActionsWritten])
     fields["op"] = "summary_ready"
     fields["ledger"] = _ledger(struct.ledger)

@@ -90,7 +90,10 @@ class SummarizeRequest(SeqRange):
 
 
 class ActionsWritten(SeqRange):
-    """A batch of raw actions to append to the session's context."""
+    """A batch of raw actions to append to the session's context.
+
+    ``payload`` is None at a sink that declared it does not read it
+    (``Sink.reads_payload``): the header and ``text`` are what most sinks need."""
 
     op: Literal["actions_written"] = "actions_written"
     session_id: str
@@ -100,6 +103,9 @@ class ActionsWritten(SeqRange):
     payload: ActionsPayload
     emitted_at: float
     ingested_at: float = 0.0  # the input record's Kafka timestamp (0: not known)
+    # The newest action's ``timestamp_end`` (0: no action had one, or an operation
+    # written before session 19): the sinks' event age, without reading the payload.
+    acted_at: float = 0.0
 
 
 class SummaryUsage(BaseModel):

@@ -21,6 +21,8 @@ The lifecycle, in one sink worker (``sinks/runner/``):
    After a crash an operation may come again: ``apply`` must be idempotent.
    A sink whose ``apply`` is local and quick sets ``inline = True`` (null, stdout, view):
    each fetched batch is then applied in order in one task and committed once.
+   A sink that never reads an ``ActionsWritten``'s ``payload`` sets
+   ``reads_payload = False`` (null, stdout, files, intercom): it is then None.
 4. ``await link(session_id, conversation_id, context)``, only for a
    :class:`LinkAwareSink`, in the same per-session order as the operations.
 5. ``await erase(session_id, context)`` on an erasure request: remove what the
@@ -84,6 +86,9 @@ class Sink(ABC):
     # runner then applies each fetched batch in order in one task and commits it once,
     # instead of a task and a commit per operation; a retry then holds every session.
     inline: bool = False
+    # False for a sink that never reads ``ActionsWritten.payload`` (its header and
+    # ``text`` suffice): the runner then leaves it None, a third of decoding's cost.
+    reads_payload: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Self:

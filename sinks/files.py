@@ -40,6 +40,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 class FilesSink(Sink):
     name = "files"
+    reads_payload = False  # it writes the context's text
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory

@@ -11,6 +11,7 @@ __all__ = ["NullSink"]
 class NullSink(Sink):
     name = "null"
     inline = True
+    reads_payload = False
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         return None

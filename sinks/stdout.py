@@ -15,6 +15,7 @@ __all__ = ["StdoutSink"]
 class StdoutSink(Sink):
     name = "stdout"
     inline = True
+    reads_payload = False
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         if isinstance(op, ActionsWritten):

@@ -158,6 +158,7 @@ def _write_batch(
                         "payload": orjson.Fragment(body),
                         "emitted_at": now,
                         "ingested_at": state.ingested_at,
+                        "acted_at": max((a.timestamp_end for a in chunk.actions), default=0.0),
                     }
                 ),
             )

@@ -75,7 +75,10 @@ def main() -> None:
     head = msgspec.json.Decoder(Header)
     assert full.decode(raws[0]).session_id == orjson.loads(raws[0])["session_id"]
     cases = {
-        "decode_context_message (the sink today)": decode_context_message,
+        "decode_context_message (a sink that reads the payload)": decode_context_message,
+        "decode_context_message, payload=False (reads_payload = False)": lambda r: (
+            decode_context_message(r, payload=False)
+        ),
         "pydantic: orjson.loads + validate_python": lambda r: (
             context_message_adapter.validate_python(orjson.loads(r))
         ),

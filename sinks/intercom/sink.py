@@ -61,6 +61,7 @@ class IntercomSink(Sink):
     """A :class:`~sinks.base.LinkAwareSink` that keeps a conversation's notes bounded."""
 
     name = "intercom"
+    reads_payload = False  # notes hold the context's text
 
     def __init__(self, api: IntercomAPI) -> None:
         self.api = api

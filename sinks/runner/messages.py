@@ -28,18 +28,19 @@ class Redriven:
 LaneItem = tuple[Any, "Operation | SessionErased | SessionLink | Redriven"]
 
 
-def decode_redriven(raw: bytes | None) -> Redriven:
+def decode_redriven(raw: bytes | None, *, payload: bool = True) -> Redriven:
     """A context operation, or a link: what this sink's dead letters hold."""
     try:
-        return Redriven(decode_operation(raw))
+        return Redriven(decode_operation(raw, payload=payload))
     except InvalidMessage:
         return Redriven(decode(SessionLink, raw))
 
 
-def decode_operation(raw: bytes | None) -> Operation | SessionErased:
+def decode_operation(raw: bytes | None, *, payload: bool = True) -> Operation | SessionErased:
+    """``payload=False``: an ``actions_written``'s payload left None (``Sink.reads_payload``)."""
     if raw is None:
         raise InvalidMessage("empty message (no value)")
-    return decode_context_message(raw)
+    return decode_context_message(raw, payload=payload)
 
 
 def pull_view(context: SessionContext) -> dict[str, Any]:

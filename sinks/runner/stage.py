@@ -20,6 +20,7 @@ import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from faust.types import Message
@@ -84,6 +85,7 @@ class SinkStage:
         # An inline sink's writes are made durable behind it (feed_inline); its loads see them.
         self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.inline = getattr(sink, "inline", False)
+        self.reads_payload = getattr(sink, "reads_payload", True)  # a plug-in may read it
         if self.inline:  # its changelog gates only its inputs' acks: fewer, larger requests
             app.appender.min_round_s = settings.sink_changelog_round_ms / 1000
         self.store = ContextStore(app, self.contexts, read=self.writes.get if self.inline else None)
@@ -121,7 +123,7 @@ class SinkStage:
             await self.app.crash_on_lane_error(f"(setup of sink {self.sink.name})", exc)
         self.app.at_shutdown(lambda: stop_sink(self.sink))
         self.started.set()
-        await self.feed(self.operations, decode_operation)
+        await self.feed(self.operations, partial(decode_operation, payload=self.reads_payload))
 
     async def run_links(self) -> None:
         await self.started.wait()
@@ -129,7 +131,7 @@ class SinkStage:
             await self.feed(self.links, lambda raw: decode(SessionLink, raw))
 
     async def run_redriven(self) -> None:
-        await self.feed(self.redriven, decode_redriven)
+        await self.feed(self.redriven, partial(decode_redriven, payload=self.reads_payload))
 
     async def feed(self, source: BatchSource, decoder: Callable[[bytes | None], Any]) -> None:
         if self.inline:
@@ -270,9 +272,8 @@ class SinkStage:
             applied_at = time.time()
             if op.ingested_at > 0:
                 self.action_age.observe(max(applied_at - op.ingested_at, 0.0))
-            acted_at = max((a.timestamp_end for a in op.payload.actions), default=0.0)
-            if acted_at > 0:  # 0: the client sent no timestamp
-                self.event_age.observe(max(applied_at - acted_at, 0.0))
+            if op.acted_at > 0:  # 0: the client sent no timestamp
+                self.event_age.observe(max(applied_at - op.acted_at, 0.0))
         return writes
 
     async def apply_link(self, session_id: str, message: Message, link: SessionLink) -> list[Write]:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from schemas import ActionsPayload, InvalidMessage, context_message_adapter
+from schemas import ActionsPayload, ActionsWritten, InvalidMessage, context_message_adapter
 from schemas.fast import (
     decode_context_message,
     decode_payload,
@@ -103,17 +103,26 @@ def _validated(raw: bytes) -> object:
 
 
 def _same(raw: bytes) -> None:
-    """The fast decode gives pydantic's model, or refuses what pydantic refuses."""
+    """The fast decode gives pydantic's model, or refuses what pydantic refuses; without
+    the payload (a sink that does not read it), the same but for a payload left None."""
     try:
         expected = _validated(raw)
     except ValueError:
-        with pytest.raises(InvalidMessage, match="invalid context operation"):
-            decode_context_message(raw)
+        for payload in (True, False):
+            with pytest.raises(InvalidMessage, match="invalid context operation"):
+                decode_context_message(raw, payload=payload)
         return
     fast = decode_context_message(raw)
     assert type(fast) is type(expected)
     assert fast == expected
     assert fast.model_dump() == expected.model_dump()
+    header = decode_context_message(raw, payload=False)
+    if isinstance(header, ActionsWritten):
+        assert isinstance(expected, ActionsWritten)
+        assert header.payload in (None, expected.payload)  # the model where pydantic read it
+        assert header.model_copy(update={"payload": expected.payload}) == expected
+    else:
+        assert header == expected
 
 
 def test_the_pipelines_operations_decode_to_the_models_pydantic_validated() -> None:
@@ -121,6 +130,24 @@ def test_the_pipelines_operations_decode_to_the_models_pydantic_validated() -> N
     assert written and summaries  # both kinds, the summaries with their ledgers
     for _, raw in records:
         _same(raw)
+
+
+def test_a_sink_that_does_not_read_the_payload_gets_the_newest_actions_time() -> None:
+    """The event age at a sink needs the newest action's time: the header carries it, so
+    a sink that leaves the payload unbuilt still measures it (sinks/runner/stage.py)."""
+    payloads = workload(500, 20, 9, min_batch=1, max_batch=3)
+    for n, payload in enumerate(payloads):
+        for i, action in enumerate(payload["actions"]):
+            action["timestamp_end"] = 1.7e9 + n - i  # the first the newest: the max is read
+    records, written, _ = operations(payloads, 4)
+    headers = [decode_context_message(raw, payload=False) for _, raw in records]
+    writes = [op for op in headers if isinstance(op, ActionsWritten)]
+    assert len(writes) == written
+    for header, (_, raw) in zip(headers, records, strict=True):
+        if isinstance(header, ActionsWritten):
+            full = decode_context_message(raw)
+            assert isinstance(full, ActionsWritten) and header.payload is None
+            assert header.acted_at == max(a.timestamp_end for a in full.payload.actions) > 0
 
 
 seq = st.integers(-2, 6)
