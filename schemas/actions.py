@@ -17,12 +17,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Self
 
-import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.text import one_line_each
 
-__all__ = ["Action", "ActionsPayload", "Payload", "SlimAction", "numbered_text"]
+__all__ = ["ActionsPayload", "SlimAction", "numbered_text"]
 
 _TEXT_FIELDS = ("title", "description", "canonical_url", "type", "raw_url")
 _TIMESTAMP_FIELDS = ("timestamp_start", "timestamp_end")
@@ -145,44 +144,11 @@ class ActionsPayload(BaseModel):
         return numbered_text(self.session_id, self.actions, seq_from)
 
 
-class Action(msgspec.Struct, kw_only=True):
-    """A :class:`SlimAction` as the accumulator carries it (no model built): its fields,
-    in its order, with its defaults (test_fast_exact.py::test_the_structs_are_the_models)."""
-
-    title: str = ""
-    description: str = ""
-    canonical_url: str = ""
-    index: int = 0
-    type: str = ""
-    timestamp_start: float = 0.0
-    timestamp_end: float = 0.0
-    raw_url: str = ""
-    session_id: str | None = None
-    user_id: str | None = None
-    email: str | None = None
-    conversation_id: str | None = None
-
-
-class Payload(msgspec.Struct, kw_only=True):
-    """An :class:`ActionsPayload` as the accumulator carries it (``schemas.fast`` decodes
-    it), with the model's values: ``count`` is ``len(actions)``, "" user_id/email None.
-    Its fields are the model's, in its order, so it encodes to the JSON pydantic writes
-    (floats from 1e16 up written 1e16, not 1e+16: the same numbers)."""
-
-    product_id: str = ""
-    session_id: str
-    user_id: str | None = None
-    email: str | None = None
-    actions: list[Action] = msgspec.field(default_factory=list)
-    count: int = 0
-    forwarded_at: float = 0.0
-    conversation_id: str | None = None
-
-
-def numbered_text(session_id: str, actions: Sequence[SlimAction | Action], seq_from: int) -> str:
+def numbered_text(session_id: str, actions: Sequence[SlimAction], seq_from: int) -> str:
     """The context's rendering of a batch: lines numbered with the session's sequence
     numbers, the numbers summary ranges use ("Summary of actions 1-12" is followed by
-    [13]), not the SDK's per-batch ``index``. ``actions``: SlimActions or their Structs."""
+    [13]), not the SDK's per-batch ``index``. ``actions``: SlimActions or their Structs
+    (``schemas.fast.Action``)."""
     n = len(actions)
     span = f"action {seq_from}" if n == 1 else f"actions {seq_from}-{seq_from + n - 1}"
     lines = [f"Session {session_id} — {span}"]

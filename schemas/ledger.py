@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.actions import Action, SlimAction
+from schemas.actions import SlimAction
 from schemas.text import one_line
 
 __all__ = [
@@ -152,7 +152,7 @@ def new_ledger() -> dict[str, Any]:
     return SessionLedger().model_dump(mode="json")
 
 
-def _entry(seq: int, action: SlimAction | Action) -> dict[str, Any]:
+def _entry(seq: int, action: SlimAction) -> dict[str, Any]:
     return {"seq": seq, "text": _entry_text(action.type, action.description or action.title)}
 
 
@@ -177,7 +177,7 @@ def _keep_last(entries: list[dict[str, Any]], keep: int) -> None:
 
 def update_ledger(
     ledger: dict[str, Any],
-    actions: Sequence[SlimAction | Action],
+    actions: Sequence[SlimAction],  # or their Structs (schemas.fast.Action)
     seq_from: int,
     limits: LedgerLimits,
     now: float,

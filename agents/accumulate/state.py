@@ -20,8 +20,8 @@ import msgspec
 import orjson
 
 from schemas import ActionsPayload
-from schemas.actions import Payload, numbered_text
-from schemas.fast import encode_payload, payload_struct
+from schemas.actions import numbered_text
+from schemas.fast import Payload, encode_payload, payload_struct
 from schemas.ledger import LedgerLimits, new_ledger, update_ledger
 from schemas.records import JsonRecord
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from agents.pii.detectors import BUILT_IN, Detector, Phones, Span, regex_detector
 from schemas import ActionsPayload
-from schemas.actions import Payload
+from schemas.fast import Payload
 from schemas.text import PII_PLACEHOLDER
 from streams.observe import metrics
 from streams.settings import ConfigurationError, Settings

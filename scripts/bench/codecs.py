@@ -21,7 +21,6 @@ import orjson
 from schemas import (
     ActionsPayload,
     ActionsWritten,
-    SlimAction,
     SummaryReady,
     context_message_adapter,
     encode,
@@ -29,6 +28,7 @@ from schemas import (
 from schemas.actions import numbered_text
 from schemas.fast import (
     ExactPayload,
+    Payload,
     decode_context_message,
     decode_payload,
     encode_payload,
@@ -36,9 +36,6 @@ from schemas.fast import (
     struct_of,
 )
 from scripts.bench.workload import workload
-
-Action = struct_of(SlimAction, "Action")
-Payload = struct_of(ActionsPayload, "Payload", actions=list[Action])  # type: ignore[valid-type]
 
 
 class Header(msgspec.Struct):

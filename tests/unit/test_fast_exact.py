@@ -16,8 +16,14 @@ from pydantic import BaseModel
 
 from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload, close_idle
 from schemas import ActionsPayload, InvalidMessage, SlimAction, SummarizeRequest, decode
-from schemas.actions import Action, Payload
-from schemas.fast import decode_payload, decode_request, encode_payload, payload_struct
+from schemas.fast import (
+    Action,
+    Payload,
+    decode_payload,
+    decode_request,
+    encode_payload,
+    payload_struct,
+)
 from scripts.bench.workload import workload
 
 big_ints = st.sampled_from([2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, 10**30])

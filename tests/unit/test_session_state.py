@@ -19,8 +19,7 @@ from agents.accumulate.state import (
 )
 from agents.summarize.state import SummaryState
 from schemas import ActionsPayload, ActionsWritten, SummarizeRequest
-from schemas.actions import Payload
-from schemas.fast import payload_struct
+from schemas.fast import Payload, payload_struct
 
 
 def payload(n: int, sid: str = "s1", start: int = 0) -> Payload:
