@@ -99,15 +99,37 @@ def built(model: type[M], fields: dict[str, Any], names: frozenset[str]) -> M:
     return obj
 
 
+# What the accumulator carries instead of the models (no model built per payload): their
+# fields, in their order, with their defaults, so a Payload encodes to the JSON pydantic
+# writes, but floats from 1e16 up written 1e16, not 1e+16: the same numbers. Its values
+# are the model's: ``count`` is ``len(actions)``, "" user_id/email None.
+# tests/unit/test_fast_exact.py::test_the_structs_are_the_models.
+Action = struct_of(SlimAction, "Action")
+if TYPE_CHECKING:  # built from the models at import: a type checker sees values of any type
+    Payload = Any
+else:
+    Payload = struct_of(ActionsPayload, "Payload", actions=list[Action])
+
+
+def _values(s: Any) -> Payload:
+    """A decoded :data:`ExactPayload` with the model's own mappings: ``count`` is
+    ``len(actions)``, "" user_id/email None, the input's ``type`` dropped."""
+    return Payload(
+        product_id=s.product_id,
+        session_id=s.session_id,
+        user_id=s.user_id or None,
+        email=s.email or None,
+        actions=s.actions,  # ExactActions: Action's fields, in its order
+        count=len(s.actions),
+        forwarded_at=s.forwarded_at,
+        conversation_id=s.conversation_id,
+    )
+
+
 def payload_of(struct: Any) -> ActionsPayload:
-    """The :class:`ActionsPayload` of a decoded :data:`ExactPayload`, not validated again
-    (with the model's own mappings: ``count`` is ``len(actions)``, "" user_id/email None)."""
-    actions = [built(SlimAction, asdict(a), _ACTION_FIELDS) for a in struct.actions]
-    fields = asdict(struct)
-    fields["actions"], fields["count"] = actions, len(actions)
-    fields["user_id"] = fields["user_id"] or None
-    fields["email"] = fields["email"] or None
-    fields.pop("type", None)  # an input's "type": "actions", which the model ignores
+    """The :class:`ActionsPayload` of a decoded :data:`ExactPayload`, not validated again."""
+    fields = asdict(_values(struct))
+    fields["actions"] = [built(SlimAction, asdict(a), _ACTION_FIELDS) for a in struct.actions]
     return built(ActionsPayload, fields, _PAYLOAD_FIELDS)
 
 
@@ -174,16 +196,6 @@ def _exact(struct: Any) -> bool:
     return bool(sid) and "\x1f" not in sid
 
 
-# What the accumulator carries instead of the models (no model built per payload): their
-# fields, in their order, with their defaults, so a Payload encodes to the JSON pydantic
-# writes, but floats from 1e16 up written 1e16, not 1e+16: the same numbers. Its values
-# are the model's: ``count`` is ``len(actions)``, "" user_id/email None.
-# tests/unit/test_fast_exact.py::test_the_structs_are_the_models.
-Action = struct_of(SlimAction, "Action")
-if TYPE_CHECKING:  # built from the models at import: a type checker sees values of any type
-    Payload = Any
-else:
-    Payload = struct_of(ActionsPayload, "Payload", actions=list[Action])
 _encoder = msgspec.json.Encoder()
 encode_payload = _encoder.encode  # a Payload's JSON: the stored batch, an operation's payload
 
@@ -203,16 +215,7 @@ def decode_payload(raw: bytes | None) -> Payload:
             pass
         else:
             if _exact(s):
-                return Payload(
-                    product_id=s.product_id,
-                    session_id=s.session_id,
-                    user_id=s.user_id or None,
-                    email=s.email or None,
-                    actions=s.actions,  # ExactActions: Action's fields, in its order
-                    count=len(s.actions),
-                    forwarded_at=s.forwarded_at,
-                    conversation_id=s.conversation_id,
-                )
+                return _values(s)
     return payload_struct(decode(ActionsPayload, raw))
 
 
