@@ -194,14 +194,20 @@ class ContextApp(FaustApp):
         await super().on_first_start()
 
 
+# A young collection fires when the live tracked objects rise this far above their lowest
+# since the last one. Below the in-flight work's swing (a backlog: over 200,000) it fired
+# every second, 30-150 ms each, freeing nothing: tests/unit/test_gc_thresholds.py.
+GC_YOUNG_THRESHOLD = 400_000
+
+
 def _calm_the_garbage_collector() -> None:
-    """Fewer, cheaper cyclic-GC passes: the worker allocates a few objects per message,
-    and with the default thresholds a collection ran every few hundred messages,
-    walking every long-lived object (measured at 500 actions/s: the sink's p99
-    from emission to application went from 58 ms to 27 ms). Objects that exist
-    after start-up (modules, app, settings) are frozen out of the scans."""
+    """Rare cyclic-GC passes. A young collection walks every young object that is still
+    alive, and the worker's in-flight work (fetched records, units, summarize requests)
+    is: on a backlog a pass cost 30-150 ms and freed nothing, 7% of the pipeline's CPU
+    (docs/performance.md, session 20). Objects that exist after start-up (modules, app,
+    settings) are frozen out of the scans."""
     gc.freeze()
-    gc.set_threshold(50_000, 50, 100)
+    gc.set_threshold(GC_YOUNG_THRESHOLD, 50, 100)
 
 
 def require_broker(settings: Settings) -> None:

@@ -10,6 +10,7 @@ def stalls(worker: str, text: str, since: str) -> dict[str, float]:
     found = {}
     for key, name, labels in (
         ("loop", "ac_event_loop_lag_seconds", ""),
+        ("gc0", "ac_gc_pause_seconds", 'generation="0"'),
         ("gc1", "ac_gc_pause_seconds", 'generation="1"'),
         ("gc2", "ac_gc_pause_seconds", 'generation="2"'),
     ):

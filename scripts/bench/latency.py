@@ -118,10 +118,11 @@ def print_latency_run(args: argparse.Namespace, latency: dict[str, float]) -> No
         print(
             f"  {worker}: event loop late > 25 ms {latency[f'{worker}_loop_over_25ms']:.0f} times"
             f" (worst <= {latency[f'{worker}_loop_max_le_s'] * 1000:.0f} ms); GC pauses"
-            f" > 25 ms: gen 1 {latency[f'{worker}_gc1_over_25ms']:.0f}, gen 2"
-            f" {latency[f'{worker}_gc2_over_25ms']:.0f} (worst <= "
-            f"{latency[f'{worker}_gc1_max_le_s'] * 1000:.0f} /"
-            f" {latency[f'{worker}_gc2_max_le_s'] * 1000:.0f} ms)",
+            " > 25 ms: "
+            + ", ".join(f"gen {g} {latency[f'{worker}_gc{g}_over_25ms']:.0f}" for g in range(3))
+            + " (worst <= "
+            + " / ".join(f"{latency[f'{worker}_gc{g}_max_le_s'] * 1000:.0f}" for g in range(3))
+            + " ms)",
             flush=True,
         )
 

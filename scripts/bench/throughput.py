@@ -83,22 +83,30 @@ async def bench_accumulate(
             workers.start("agents.app", "pipeline", args.port)
             await wait_healthy(client, [args.port])
             cpu_start, broker_start = workers.cpu_seconds()[0], broker_cpu_seconds(args.bootstrap)
+            gc_start = await measure.scrape(client, args.port)
             workers.profile()
             start = await offer_backlog(args, env, payloads)
             done = await accumulator_done(client, args, env["AC_TOPIC_PREFIX"], len(payloads))
             cpu = workers.cpu_seconds()[0] - cpu_start
             broker = broker_cpu_seconds(args.bootstrap) - broker_start
             rss = workers.peak_rss_mb()[0]
+            gc_end = await measure.scrape(client, args.port)
             workers.stop_profiles()
     finally:
         workers.stop()
     logged = await changelog_records(args.bootstrap, env["AC_APP_ID"])
+    gc_seconds, gc_passes = (
+        measure.metric(gc_end, name) - measure.metric(gc_start, name)
+        for name in ("ac_gc_pause_seconds_sum", "ac_gc_pause_seconds_count")
+    )
     return {
         "rate": actions / (done - start),
         "cpu_us_per_action": cpu * 1e6 / actions,
         "rss_mb": rss,
         "changelog_records_per_action": logged / actions,
         "broker_cpu_us_per_action": broker * 1e6 / actions,
+        "gc_share": gc_seconds / cpu if cpu else 0.0,
+        "gc_passes": gc_passes,
     }
 
 
@@ -163,7 +171,8 @@ def print_accumulate_run(sdk_rate: float, transition_rate: float, ours: dict[str
         f"the other {cpu - 1e6 / transition_rate:.0f} are the Kafka clients, the write-behind "
         f"and the summarize agent; the worker's peak RSS {ours['rss_mb']:,.0f} MiB; "
         f"{ours['changelog_records_per_action']:.2f} changelog records per action; the broker "
-        f"{ours['broker_cpu_us_per_action']:.0f} us of CPU per action (the producer's included)",
+        f"{ours['broker_cpu_us_per_action']:.0f} us of CPU per action (the producer's included); "
+        f"cyclic GC {ours['gc_share']:.1%} of the worker's CPU ({ours['gc_passes']:.0f} passes)",
         flush=True,
     )
 
