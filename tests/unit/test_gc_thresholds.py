@@ -38,7 +38,7 @@ def worker_gc() -> Iterator[list[int]]:
 
 
 def test_in_flight_work_rising_and_falling_triggers_no_collection() -> None:
-    swing = 250_000  # more than the backlog's swing between two collections at 200,000
+    swing = 250_000  # over the bench backlog's swing: at a threshold of 200,000 passes still came
     with worker_gc() as collected:
         for _ in range(8):
             in_flight = [[i] for i in range(swing)]  # one tracked object each
