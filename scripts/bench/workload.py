@@ -137,9 +137,9 @@ async def _produce_paced(
     tick_s: float = PACING_TICK_S,
 ) -> list[asyncio.Future[Any]]:
     """Offer ``payloads`` at ``rate``, in ticks of ``tick_s``: each tick's payloads go out as
-    one batch per partition (:func:`_stamped_ticks`). The generator shares the two cores with what it measures;
-    a timer per payload took a quarter of one at 5,000 actions/s, a ``send`` per payload
-    still a sixth. (Not ``streams._faust.appender``: with its per-round acknowledgements the
+    one batch per partition (:func:`_stamped_ticks`). The generator shares the two cores
+    with what it measures; a timer per payload took a quarter of one at 5,000 actions/s,
+    a ``send`` per payload still a sixth. (Not ``streams._faust.appender``: with its per-round acknowledgements the
     generator took 20% of a core against 12% with this loop.)"""
     partitions = len(await producer.partitions_for(topic))
     futures: list[asyncio.Future[Any]] = []
