@@ -9,8 +9,11 @@ diversion of topics whose records skip Faust's per-message delivery (:func:`dive
    fetches them again. Its changelog records are delivered (recovery positions them).
 3. ``Consumer.perform_seek``: a partition with no committed offset goes back to the
    beginning, as ``auto_offset_reset="earliest"`` prescribes.
+4. ``Consumer._wait_next_records``: records fetched that Faust's getmany will not
+   deliver (the flow stopped, or the partition paused, while the fetch waited) are
+   un-read: each partition seeks back to its first such record.
 
-Each of the three lost records silently (docs/decisions.md, "Faust's seeks");
+Each of the four lost records silently (docs/decisions.md, "Faust's seeks");
 tests/integration/test_reliability.py and tests/unit/test_faust_patches.py prove them.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, cast
 
 from faust.tables.recovery import Recovery
@@ -158,8 +161,40 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
             log.warning("re-seek after discarding a batch failed", exc_info=True)
 
 
+_original_wait_next_records = Consumer._wait_next_records
+
+
+async def _wait_next_records(
+    self: Consumer, timeout: float
+) -> tuple[Mapping[TP, list[Any]] | None, set[TP] | None]:
+    """Faust's ``_wait_next_records``, un-reading what its getmany would drop.
+
+    aiokafka has advanced its position past every record it hands out. Faust drops
+    the batch when the flow stopped during the wait, and a partition's records when
+    the partition is paused; aiokafka even hands out every partition's records when
+    the (live) set of active partitions has emptied during the wait: a rebalance
+    pauses them all (tests/integration/test_faust_fetch.py). Stream partitions
+    are sought back to their commits later; a changelog partition was not, and its
+    recovery waited for ever ("No event received for active tp"; the worker-joins
+    test in CI). No other task runs between aiokafka's hand-out and these seeks.
+    """
+    records, active = await _original_wait_next_records(self, timeout)
+    if records:
+        flowing, owned = self.flow_active, None
+        for tp, fetched in records.items():
+            delivered = flowing and (
+                active is None or tp in active or tp in self._buffered_partitions
+            )
+            if fetched and not delivered:
+                owned = self.assignment() if owned is None else owned
+                if tp in owned:  # a revoked partition is no longer ours to seek
+                    await self.seek(tp, fetched[0].offset)  # aiokafka's: never suspends
+    return records, active
+
+
 def apply() -> None:
     """Install the fixes (the package's version guard has checked Faust's version)."""
     Recovery.on_recovery_completed = _on_recovery_completed  # type: ignore[method-assign]
     Consumer.perform_seek = _perform_seek  # type: ignore[method-assign]
     Consumer.getmany = _getmany  # type: ignore[method-assign,assignment]
+    Consumer._wait_next_records = _wait_next_records  # type: ignore[method-assign]

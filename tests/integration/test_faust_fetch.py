@@ -1,0 +1,127 @@
+"""``streams._faust.divert._wait_next_records`` against a real broker: records that
+aiokafka hands out and Faust's getmany drops are fetched again.
+
+Faust's own ``_wait_next_records`` runs over a real ``AIOKafkaConsumer``; the stand-in
+holds only the consumer state it reads (the flow, the live set of active partitions),
+which a test changes as a rebalance would while the fetch waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from faust.types import TP
+
+from streams._faust import divert
+
+pytestmark = pytest.mark.kafka
+
+STREAM, CHANGELOG = 0, 1  # the topic's two partitions, in the roles they play
+
+
+@dataclass
+class FetchingConsumer:
+    """What Faust's ``Consumer._wait_next_records`` and the patch read, over aiokafka."""
+
+    kafka: AIOKafkaConsumer
+    active: set[TP]
+    flow_active: bool = True
+    _buffered_partitions: set[TP] = field(default_factory=set)
+    app: Any = field(default_factory=lambda: SimpleNamespace(client_only=False))
+    not_waiting_next_records: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def _get_active_partitions(self) -> set[TP]:
+        return self.active  # Faust's live set: a rebalance empties it during a wait
+
+    async def _getmany(self, active_partitions: set[TP], timeout: float) -> Any:
+        # As faust.transport.drivers.aiokafka's ``_fetch_records``.
+        return await self.kafka._fetcher.fetched_records(active_partitions, timeout=timeout)
+
+    def assignment(self) -> set[TP]:
+        return {TP(tp.topic, tp.partition) for tp in self.kafka.assignment()}
+
+    async def seek(self, partition: TP, offset: int) -> None:
+        self.kafka.seek(TopicPartition(partition.topic, partition.partition), offset)
+
+
+@pytest.fixture
+async def topic(kafka_bootstrap: str) -> AsyncIterator[str]:
+    name = f"fetch-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 2, 1)])
+        yield name
+        await admin.delete_topics([name])
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def kafka(kafka_bootstrap: str, topic: str) -> AsyncIterator[AIOKafkaConsumer]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest")
+    await consumer.start()
+    consumer.assign([TopicPartition(topic, p) for p in (STREAM, CHANGELOG)])
+    try:
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
+async def test_records_handed_out_while_a_rebalance_pauses_everything_are_fetched_again(
+    kafka_bootstrap: str, topic: str, kafka: AIOKafkaConsumer
+) -> None:
+    consumer = FetchingConsumer(kafka, active={TP(topic, STREAM)})
+    waiting = asyncio.create_task(divert._wait_next_records(consumer, 20.0))  # type: ignore[arg-type]
+    await asyncio.sleep(0)  # the fetch is waiting; now a rebalance begins:
+    consumer.flow_active = False  # Faust's stop_flow() ...
+    consumer.active.clear()  # ... and pause_partitions(assignment)
+    # Recovery has positioned the changelog partition; its records arrive.
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        for value in (b"a", b"b", b"c"):
+            await producer.send_and_wait(topic, value, partition=CHANGELOG)
+    finally:
+        await producer.stop()
+
+    records, _ = await waiting
+    # aiokafka reads an empty set of partitions as "all of them": it handed out the
+    # changelog's records, and Faust's getmany drops the batch (the flow is stopped).
+    assert records is not None
+    assert [r.value for r in records[TP(topic, CHANGELOG)]][:1] == [b"a"]
+
+    # Recovery resumes the changelog partition and the flow: every record comes again.
+    consumer.flow_active = True
+    consumer.active.add(TP(topic, CHANGELOG))
+    values: list[bytes] = []
+    while len(values) < 3:
+        again, _ = await divert._wait_next_records(consumer, 20.0)  # type: ignore[arg-type]
+        assert again, "the changelog's records were not fetched again"
+        values += [r.value for r in again[TP(topic, CHANGELOG)]]
+    assert values == [b"a", b"b", b"c"]
+
+
+async def test_a_delivered_batch_is_not_fetched_again(
+    kafka_bootstrap: str, topic: str, kafka: AIOKafkaConsumer
+) -> None:
+    consumer = FetchingConsumer(kafka, active={TP(topic, STREAM), TP(topic, CHANGELOG)})
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"x", partition=STREAM)
+    finally:
+        await producer.stop()
+
+    records, _ = await divert._wait_next_records(consumer, 20.0)  # type: ignore[arg-type]
+    assert records is not None
+    assert [r.value for r in records[TP(topic, STREAM)]] == [b"x"]
+    assert await kafka.position(TopicPartition(topic, STREAM)) == 1  # not sought back
