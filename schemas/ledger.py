@@ -1,9 +1,10 @@
 """The session ledger: hard facts about a session, counted from every action, no LLM.
 
 A summary is a model's paraphrase and can drop or garble facts; the ledger
-cannot. The accumulator updates it on every batch (:func:`update_ledger`, O(1)
-per action, bounded bytes), it travels with every summarize request and every
-summary, and every sink shows it beside the summary (:meth:`SessionLedger.render`).
+cannot. The summarize stage counts every batch of each request it takes into it
+(:func:`update_ledger`, O(1) per action, bounded bytes;
+``agents.summarize.state.count_facts``), it travels with every summary, and every
+sink shows it beside the summary (:meth:`SessionLedger.render`).
 
 Bounded by construction: ``pages`` keeps at most ``top_pages`` pages (a new
 page takes the place of the least visited one, whose actions move to

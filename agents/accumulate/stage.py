@@ -75,7 +75,6 @@ class Accumulator:
             debounce_ms=settings.debounce_ms,
             debounce_max_ms=settings.debounce_max_ms,
             max_pending_bytes=MESSAGE_MAX_BYTES // 2,
-            ledger=settings.ledger_limits(),
             pii=pii if pii is not None and pii.destinations else None,
         )
         self.sessions = sessions = session_keyed_table(app, "sessions")

@@ -22,7 +22,6 @@ import orjson
 from schemas import ActionsPayload
 from schemas.actions import numbered_text
 from schemas.fast import Payload, encode_payload, payload_struct
-from schemas.ledger import LedgerLimits, new_ledger, update_ledger
 from schemas.records import JsonRecord
 
 if TYPE_CHECKING:
@@ -81,8 +80,6 @@ class SessionState(JsonRecord):
     # When the newest applied input record was written to Kafka (its timestamp): the
     # sinks measure an action's age from it, a clock this service controls.
     ingested_at: float = 0.0
-    # The session's facts (schemas.ledger), updated on every batch; None: turned off.
-    ledger: dict[str, Any] | None = None
 
     @property
     def pending_batches(self) -> int:
@@ -97,9 +94,6 @@ class Emission:
     value: bytes
 
 
-DEFAULT_LEDGER = LedgerLimits()
-
-
 @dataclass(frozen=True)
 class Limits:
     threshold: int
@@ -109,7 +103,6 @@ class Limits:
     # A summary is requested early, before K actions, when the pending batches
     # would exceed this: one summarize request must fit in a broker message.
     max_pending_bytes: int = 512 * 1024
-    ledger: LedgerLimits | None = DEFAULT_LEDGER  # None: no ledger (AC_LEDGER=false)
     pii: PiiFilter | None = None  # AC_PII=llm,destinations: filtered before anything is kept
 
 
@@ -140,8 +133,6 @@ def _write_batch(
         state.next_seq = seq_to + 1
         if chunk.conversation_id:
             state.conversation_id = chunk.conversation_id
-        if state.ledger is not None and limits.ledger is not None:
-            update_ledger(state.ledger, chunk.actions, seq_from, limits.ledger, now)
         out.append(
             Emission(
                 "context",
@@ -189,7 +180,6 @@ def _summarize_request(
         "batches": [orjson.Fragment(b) for b in batches],
         "final": final,
         "created_at": now,
-        "ledger": state.ledger,
     }
     state.summarized_to = state.next_seq - 1
     state.first_batch = state.next_batch
@@ -234,11 +224,7 @@ def apply_payload(
     """
     now = time.time() if now is None else now
     if state is None:
-        state = SessionState(
-            generation=offset,
-            product_id=payload.product_id,
-            ledger=new_ledger() if limits.ledger is not None else None,
-        )
+        state = SessionState(generation=offset, product_id=payload.product_id)
     state.last_offset = offset
     state.last_seen = now
     state.ingested_at = ingested_at or now

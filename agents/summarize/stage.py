@@ -21,12 +21,14 @@ from agents.summarize.state import (
     CARRY_MAX_BYTES,
     SummaryState,
     conversation_id,
+    count_facts,
     decode_request,
     fold_large_carry,
     offline_fold,
 )
 from agents.summarizer import Accounting, LLMError, Summarizer, llm_session, usage_of
 from schemas import ActionsPayload, SessionErased, SummarizeRequest, SummaryReady, encode
+from schemas.ledger import SessionLedger
 from streams._faust import changelog, stores
 from streams._faust.batch_source import BatchSource
 from streams._faust.commit import Write, commit
@@ -50,6 +52,7 @@ class SummarizeStage:
     def __init__(self, app: ContextApp, topics: Topics, summarizer: Summarizer) -> None:
         settings = self.settings = app.settings
         self.app, self.summarizer = app, summarizer
+        self.ledger_limits = settings.ledger_limits()
         self.table = session_table(app, "summaries")
         self.accounting = Accounting(
             settings.llm_prices, settings.llm_daily_token_budget, settings.llm_product_budgets
@@ -113,7 +116,7 @@ class SummarizeStage:
             summary=text,
             final=request.final,
             emitted_at=time.time(),
-            ledger=request.ledger,
+            ledger=None if state.ledger is None else SessionLedger.model_validate(state.ledger),
             usage=usage,
             summarized_in_s=round(took_s, 3),
         )
@@ -190,6 +193,7 @@ class SummarizeStage:
             await acks.done(ticket)
             return
         self.check_chain(request, state)
+        count_facts(state, request, self.ledger_limits)
         started = time.monotonic()
         text = await self.summarise(ticket.message, request, state)
         outputs = []

@@ -9,6 +9,7 @@ import orjson
 
 from agents.summarizer import cap_summary, offline_summary
 from schemas import ActionsPayload, SessionErased, SummarizeRequest, decode, fast
+from schemas.ledger import LedgerLimits, new_ledger, update_ledger
 from schemas.records import JsonRecord
 from streams.topics import MESSAGE_MAX_BYTES
 
@@ -16,6 +17,7 @@ __all__ = [
     "CARRY_MAX_BYTES",
     "SummaryState",
     "conversation_id",
+    "count_facts",
     "decode_request",
     "fold_large_carry",
     "offline_fold",
@@ -52,6 +54,8 @@ class SummaryState(JsonRecord):
     carry_from: int | None = None
     closed: bool = False  # the generation's final request was handled
     updated_at: float = 0.0
+    # The session's facts (schemas.ledger) up to ``requested_to``; None: turned off.
+    ledger: dict[str, Any] | None = None
 
     @property
     def pending(self) -> bool:
@@ -72,6 +76,30 @@ class SummaryState(JsonRecord):
             closed=True,
             updated_at=now,
         )
+
+
+def count_facts(
+    state: SummaryState, request: SummarizeRequest, limits: LedgerLimits | None
+) -> None:
+    """Count a request's actions into the session's ledger, once per request taken.
+
+    Here, not in the accumulator: once per K actions from batches this stage decodes
+    anyway, not re-encoded into every session entry (docs/decisions.md). A request
+    from a worker before session 21 carries the facts so far itself: taken as they are.
+    """
+    if limits is None:
+        return
+    if request.ledger is not None:
+        state.ledger = request.ledger.model_dump(mode="json")
+        return
+    if state.ledger is None:
+        state.ledger = new_ledger()
+    seq = request.seq_from
+    for batch in request.batches:  # an action with no timestamps counts as forwarded
+        update_ledger(
+            state.ledger, batch.actions, seq, limits, batch.forwarded_at or request.created_at
+        )
+        seq += len(batch.actions)
 
 
 def offline_fold(

@@ -30,12 +30,15 @@ def operations(
     """The context operations for ``payloads`` (key, value), in the pipeline's order per
     session; with how many are ``actions_written`` and how many ``summary_ready``."""
     from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload
+    from agents.summarize.state import SummaryState, count_facts
     from schemas import SummarizeRequest, SummaryReady, decode, encode
     from schemas.fast import decode_payload
+    from schemas.ledger import LedgerLimits, SessionLedger
     from streams.settings import Settings
 
     limits = Limits(threshold=threshold, max_actions_per_batch=Settings().max_actions_per_batch)
     store, states, out, written, summaries = MemoryBatchStore(), dict[str, Any](), [], 0, 0
+    facts: dict[str, SummaryState] = {}  # the summarize stage's ledgers
     for offset, data in enumerate(payloads):
         payload = decode_payload(orjson.dumps(data))
         state, emitted = apply_payload(
@@ -49,6 +52,8 @@ def operations(
                 written += 1
                 continue
             request = decode(SummarizeRequest, emission.value)
+            fact = facts.setdefault(request.session_id, SummaryState(generation=0))
+            count_facts(fact, request, LedgerLimits())
             summary = SummaryReady(
                 session_id=request.session_id,
                 product_id=request.product_id,
@@ -58,7 +63,7 @@ def operations(
                 window_from=request.seq_from,
                 summary=f"The user worked through actions 1-{request.seq_to}.",
                 emitted_at=time.time(),
-                ledger=request.ledger,
+                ledger=SessionLedger.model_validate(fact.ledger),
                 summarized_in_s=0.0,
             )
             out.append((key, encode(summary)))

@@ -1,4 +1,5 @@
-"""The session ledger: exact counts from every action, bounded, carried by the accumulator."""
+"""The session ledger: exact counts from every action, bounded, counted at the summarize
+stage from the batches of each request (``count_facts``) and carried by every summary."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload, close_idle
+from agents.accumulate.state import Emission, Limits, MemoryBatchStore, apply_payload, close_idle
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
-from schemas import ActionsPayload, SummarizeRequest
+from agents.summarize.state import SummaryState, count_facts
+from schemas import ActionsPayload, SlimAction, SummarizeRequest, decode
 from schemas.fast import payload_struct
 from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
 
@@ -30,9 +32,21 @@ def counted_from_input(payloads: list[ActionsPayload], limits: LedgerLimits) -> 
     }
 
 
+def facts_after(requests: list[SummarizeRequest], limits: LedgerLimits) -> SessionLedger:
+    """The ledger the summarize stage holds after taking ``requests`` in order."""
+    state = SummaryState(generation=0)
+    for request in requests:
+        count_facts(state, request, limits)
+    assert state.ledger is not None
+    return SessionLedger.model_validate(state.ledger)
+
+
+def requests_of(emissions: list[Emission]) -> list[SummarizeRequest]:
+    return [decode(SummarizeRequest, e.value) for e in emissions if e.topic == "summarize"]
+
+
 def test_the_ledger_counts_equal_those_computed_from_the_input() -> None:
-    limits = Limits(threshold=10, max_actions_per_batch=500)
-    assert limits.ledger is not None
+    limits, facts = Limits(threshold=10, max_actions_per_batch=500), LedgerLimits()
     payloads = [
         ActionsPayload.model_validate(p)
         for p in interleaved_payloads(plan_sessions(30, mean_length=80, seed=5), seed=5)
@@ -41,14 +55,16 @@ def test_the_ledger_counts_equal_those_computed_from_the_input() -> None:
     for p in payloads:
         by_session.setdefault(p.session_id, []).append(p)
     for sid, batches in by_session.items():
-        store, state = MemoryBatchStore(), None
+        store, state, emitted = MemoryBatchStore(), None, []
         for offset, p in enumerate(batches):
-            state, _ = apply_payload(
+            state, out = apply_payload(
                 state, payload_struct(p), offset, limits, now=1000.0 + offset, store=store
             )
-        assert state is not None and state.ledger is not None
-        ledger = SessionLedger.model_validate(state.ledger)
-        want = counted_from_input(batches, limits.ledger)
+            emitted += out
+        assert state is not None
+        emitted += close_idle(state, sid, limits, 9999.0, store)
+        ledger = facts_after(requests_of(emitted), facts)
+        want = counted_from_input(batches, facts)
         assert ledger.actions == want["actions"] == state.next_seq - 1, sid
         assert ledger.batches == want["batches"], sid
         assert Counter(ledger.pages) == want["pages"], sid  # 8 pages: under the cap, exact
@@ -90,24 +106,37 @@ def test_the_ledger_stays_bounded_and_its_page_counts_add_up() -> None:
     assert max(sizes) < 2_000 and max(sizes[100:]) - min(sizes[100:]) < 50, "O(1) bytes"
 
 
-def test_every_summarize_request_carries_the_ledger_and_a_close_always_sends_a_final() -> None:
+def test_a_close_always_sends_a_final_and_the_facts_stay_whole() -> None:
     limits = Limits(threshold=5, max_actions_per_batch=500)
     store = MemoryBatchStore()
     payload = ActionsPayload.model_validate(
         {"session_id": "s", "actions": [{"type": "click", "description": "d"}] * 5}
     )
     state, out = apply_payload(None, payload_struct(payload), 0, limits, now=1.0, store=store)
-    (request,) = [
-        SummarizeRequest.model_validate_json(e.value) for e in out if e.topic != "context"
-    ]
-    assert request.ledger is not None and request.ledger.actions == 5
+    (request,) = requests_of(out)
+    assert request.ledger is None  # counted by the summarize stage, not sent
     # Idle right after that summary: nothing pending, and still a final request, empty.
-    (final,) = [
-        SummarizeRequest.model_validate_json(e.value)
-        for e in close_idle(state, "s", limits, 9.0, store)
-    ]
+    (final,) = requests_of(close_idle(state, "s", limits, 9.0, store))
     assert final.final and final.closes_only and (final.seq_from, final.seq_to) == (6, 5)
-    assert final.ledger is not None and final.ledger.actions == 5
+    assert facts_after([request, final], LedgerLimits()).actions == 5
+
+
+def test_facts_sent_by_an_older_accumulator_are_taken_as_they_are() -> None:
+    """A request written before session 21 carries the facts so far (its own batches
+    included): counting its batches again would count them twice."""
+    older = SessionLedger(actions=12, batches=3, key_actions_total=2)
+    request = SummarizeRequest(
+        session_id="s",
+        seq_from=11,
+        seq_to=12,
+        batches=[ActionsPayload(session_id="s", actions=[SlimAction(title="t")] * 2)],
+        created_at=1.0,
+        ledger=older,
+    )
+    assert facts_after([request], LedgerLimits()) == older
+    state = SummaryState(generation=0)
+    count_facts(state, request, None)  # AC_LEDGER=false: no facts at all
+    assert state.ledger is None
 
 
 def test_the_ledger_renders_compactly_in_good_english() -> None:

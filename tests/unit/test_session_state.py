@@ -180,11 +180,11 @@ def test_an_upgraded_worker_reads_the_old_changelogs_entries() -> None:
     odd = OLD_ENTRY.replace(b'"last_seen":101.0', b'"last_seen":"101"')  # not the declared type
     for raw in (OLD_ENTRY, older, odd):
         state = SessionState.from_bytes(raw)
-        assert state == SessionState(**orjson.loads(raw))
-        assert [type(v) for v in vars(state).values()] == [
-            type(v) for v in vars(SessionState(**orjson.loads(raw))).values()
-        ]
-        assert state.to_bytes() == orjson.dumps(SessionState(**orjson.loads(raw)))
+        # The ledger is counted at the summarize stage since session 21: left out here.
+        kept = SessionState(**{k: v for k, v in orjson.loads(raw).items() if k != "ledger"})
+        assert state == kept
+        assert [type(v) for v in vars(state).values()] == [type(v) for v in vars(kept).values()]
+        assert state.to_bytes() == orjson.dumps(kept)
     summary = b'{"generation":3,"summary":"s","covered_to":10,"requested_to":10,"carry":[],'
     summary += b'"carry_from":null,"closed":false,"updated_at":5.0}'
     assert SummaryState.from_bytes(summary) == SummaryState(**orjson.loads(summary))
