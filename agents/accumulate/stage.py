@@ -139,7 +139,7 @@ class Accumulator:
         writes, source, store, limits = self.writes, self.source, self.store, self.limits
         dead_letters, load = self.dead_letters, self.load
         emissions: list[tuple[str, Emission]] = []
-        now = time.time()
+        now, applied = time.time(), 0
         for message in messages:
             writes.track(source, message)
             if b'"erase"' in (message.value or b"") and (erase := _erase_request(message)):
@@ -175,9 +175,10 @@ class Accumulator:
             store.commit()
             self.save(sid, raw, existed=not is_new, state=state)
             emissions.extend((sid, e) for e in out)
-            metrics.ACTIONS_IN.inc(len(payload.actions))
+            applied += len(payload.actions)
             if state.debounce:
                 self.debouncing.add(sid)
+        metrics.ACTIONS_IN.inc(applied)  # once per batch: prometheus_client locks per call
         await self.emit(emissions)
         await writes.seal()
 
