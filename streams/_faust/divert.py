@@ -14,7 +14,8 @@ diversion of topics whose records skip Faust's per-message delivery (:func:`dive
    un-read: each partition seeks back to its first such record.
 
 Each of the four lost records silently (docs/decisions.md, "Faust's seeks");
-tests/integration/test_reliability.py and tests/unit/test_faust_patches.py prove them.
+tests/integration/test_reliability.py, tests/integration/test_faust_fetch.py and
+tests/unit/test_faust_patches.py prove them.
 """
 
 from __future__ import annotations

@@ -6,16 +6,15 @@ changelog does not)."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import RecordMetadata
 
 from streams._faust.appender import Appender
+from tests.support.kafka_io import scratch_topic
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -25,15 +24,8 @@ PARTITIONS = 2
 
 @pytest.fixture
 async def topic(kafka_bootstrap: str) -> AsyncIterator[str]:
-    name = f"appender-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, PARTITIONS, 1)])
+    async with scratch_topic(kafka_bootstrap, "appender", PARTITIONS) as name:
         yield name
-        await admin.delete_topics([name])
-    finally:
-        await admin.close()
 
 
 @pytest.fixture

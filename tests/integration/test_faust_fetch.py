@@ -9,7 +9,6 @@ which a test changes as a rebalance would while the fetch waits.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -17,10 +16,10 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from faust.types import TP
 
 from streams._faust import divert
+from tests.support.kafka_io import scratch_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -54,15 +53,8 @@ class FetchingConsumer:
 
 @pytest.fixture
 async def topic(kafka_bootstrap: str) -> AsyncIterator[str]:
-    name = f"fetch-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 2, 1)])
+    async with scratch_topic(kafka_bootstrap, "fetch", 2) as name:
         yield name
-        await admin.delete_topics([name])
-    finally:
-        await admin.close()
 
 
 @pytest.fixture

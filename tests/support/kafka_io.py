@@ -11,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 from streams.settings import Settings
@@ -220,6 +222,20 @@ class StreamProducer:
     @property
     def done(self) -> bool:
         return self._task is not None and self._task.done()
+
+
+@asynccontextmanager
+async def scratch_topic(bootstrap: str, prefix: str, partitions: int) -> AsyncIterator[str]:
+    """A topic of its own for one test (``<prefix>-<random>``), deleted after it."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1)])
+        yield name
+        await admin.delete_topics([name])
+    finally:
+        await admin.close()
 
 
 async def delete_topics(env: dict[str, str]) -> int:
