@@ -36,12 +36,14 @@ class FetchingConsumer:
     _buffered_partitions: set[TP] = field(default_factory=set)
     app: Any = field(default_factory=lambda: SimpleNamespace(client_only=False))
     not_waiting_next_records: asyncio.Event = field(default_factory=asyncio.Event)
+    fetching: asyncio.Event = field(default_factory=asyncio.Event)  # a fetch is waiting
 
     def _get_active_partitions(self) -> set[TP]:
         return self.active  # Faust's live set: a rebalance empties it during a wait
 
     async def _getmany(self, active_partitions: set[TP], timeout: float) -> Any:
         # As faust.transport.drivers.aiokafka's ``_fetch_records``.
+        self.fetching.set()
         return await self.kafka._fetcher.fetched_records(active_partitions, timeout=timeout)
 
     def assignment(self) -> set[TP]:
@@ -73,7 +75,7 @@ async def test_records_handed_out_while_a_rebalance_pauses_everything_are_fetche
 ) -> None:
     consumer = FetchingConsumer(kafka, active={TP(topic, STREAM)})
     waiting = asyncio.create_task(divert._wait_next_records(consumer, 20.0))  # type: ignore[arg-type]
-    await asyncio.sleep(0)  # the fetch is waiting; now a rebalance begins:
+    await consumer.fetching.wait()  # the fetch is waiting; now a rebalance begins:
     consumer.flow_active = False  # Faust's stop_flow() ...
     consumer.active.clear()  # ... and pause_partitions(assignment)
     # Recovery has positioned the changelog partition; its records arrive.
