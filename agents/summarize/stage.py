@@ -25,10 +25,10 @@ from agents.summarize.state import (
     decode_request,
     fold_large_carry,
     offline_fold,
+    summary_operation,
 )
 from agents.summarizer import Accounting, LLMError, Summarizer, llm_session, usage_of
-from schemas import ActionsPayload, SessionErased, SummarizeRequest, SummaryReady, encode
-from schemas.ledger import SessionLedger
+from schemas import ActionsPayload, SessionErased, SummarizeRequest
 from streams._faust import changelog, stores
 from streams._faust.batch_source import BatchSource
 from streams._faust.commit import Write, commit
@@ -104,23 +104,17 @@ class SummarizeStage:
     ) -> Awaitable[Any]:
         """Produce the summary; the result resolves when the broker has it."""
         usage = self.accounting.record(request.product_id, usage_of(text))
-        payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
-        op = SummaryReady(
-            session_id=request.session_id,
-            product_id=request.product_id,
-            conversation_id=conversation_id(payloads),
-            generation=request.generation,
-            seq_from=1,
-            seq_to=request.seq_to,
-            window_from=state.carry_from or request.seq_from,
-            summary=text,
-            final=request.final,
-            emitted_at=time.time(),
-            ledger=None if state.ledger is None else SessionLedger.model_validate(state.ledger),
+        carried = [ActionsPayload.model_validate(b) for b in state.carry]
+        op = summary_operation(
+            request,
+            state,
+            text,
+            conversation=conversation_id(carried + request.batches),
             usage=usage,
-            summarized_in_s=round(took_s, 3),
+            took_s=took_s,
+            now=time.time(),
         )
-        return await self.app.append(self.context_topic, request.session_id.encode(), encode(op))
+        return await self.app.append(self.context_topic, request.session_id.encode(), op)
 
     async def give_up(
         self, message: Message, request: SummarizeRequest, state: SummaryState, error: LLMError

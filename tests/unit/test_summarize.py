@@ -1,10 +1,18 @@
-"""The summarize agent's state: actions of failed requests carried forward, bounded."""
+"""The summarize agent's state: actions of failed requests carried forward, bounded; the
+summary operation it writes."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from agents.summarize import CARRY_MAX_BYTES, SummaryState, fold_large_carry
+from agents.summarize.state import count_facts, summary_operation
+from agents.summarizer.llm import Completion
+from schemas import ActionsPayload, SummarizeRequest, SummaryReady, SummaryUsage, encode
+from schemas.fast import decode_context_message
+from schemas.ledger import LedgerLimits, SessionLedger
 from streams.topics import MESSAGE_MAX_BYTES
 
 
@@ -41,3 +49,67 @@ def test_a_carry_past_the_budget_is_folded_into_a_bounded_summary() -> None:
     # The offline summary of the carry states the session's count, not the carry's.
     assert f"{10 + start} actions so far" in state.summary
     assert len(state.to_bytes()) < CARRY_MAX_BYTES
+
+
+def request_of(seq_from: int, n: int, *, final: bool = False) -> SummarizeRequest:
+    actions = [
+        {
+            "title": f"Step {i}",
+            "description": "Export failed" if i % 4 == 0 else f"clicked button {i}",
+            "type": "error" if i % 4 == 0 else "click",
+            "canonical_url": f"/page/{i % 3}",
+            "timestamp_start": 1_700_000_000.25 + i,
+            "timestamp_end": 1_700_000_000.5 + i,
+        }
+        for i in range(seq_from, seq_from + n)
+    ]
+    batch = {"session_id": "s1", "actions": actions, "conversation_id": "conv-7"}
+    return SummarizeRequest(
+        session_id="s1",
+        product_id="p1",
+        generation=42,
+        seq_from=seq_from,
+        seq_to=seq_from + n - 1,
+        batches=[ActionsPayload.model_validate(batch)],
+        final=final,
+        created_at=1_700_000_100.125,
+    )
+
+
+@pytest.mark.parametrize("carry_from", [None, 3])
+@pytest.mark.parametrize("ledger", [True, False])
+@pytest.mark.parametrize("priced", [True, False])
+def test_the_summary_operation_is_the_models_bytes(
+    carry_from: int | None, ledger: bool, priced: bool
+) -> None:
+    """The operation written straight from the state's values (no model built) is the
+    JSON ``encode(SummaryReady(...))`` writes, byte for byte, and decodes to that model."""
+    state = SummaryState(generation=42, carry_from=carry_from, requested_to=10)
+    request = request_of(11, 10, final=carry_from is None)
+    count_facts(state, request_of(1, 10), LedgerLimits() if ledger else None)
+    count_facts(state, request, LedgerLimits() if ledger else None)
+    usage = SummaryUsage(
+        model="m", prompt_tokens=120, completion_tokens=30, cost_usd=0.0004 if priced else None
+    )
+    text = Completion("The user exported twice; it failed.", usage=None)
+    raw = summary_operation(
+        request, state, text, conversation="conv-7", usage=usage, took_s=0.12345, now=1.7e9
+    )
+    model = SummaryReady(
+        session_id="s1",
+        product_id="p1",
+        conversation_id="conv-7",
+        generation=42,
+        seq_from=1,
+        seq_to=20,
+        window_from=carry_from or 11,
+        summary=text,
+        final=carry_from is None,
+        emitted_at=1.7e9,
+        ledger=None if state.ledger is None else SessionLedger.model_validate(state.ledger),
+        usage=usage,
+        summarized_in_s=0.123,
+    )
+    assert raw == encode(model)
+    assert decode_context_message(raw) == model
+    assert (model.ledger is not None) == ledger
