@@ -74,7 +74,13 @@ async def run_default(
         + (f", Quix peer {peer['rss_mb']:.0f} MiB" if peer else "")
         + f"; bench process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
     )
-    print(f"changelog bytes per action: {ours['changelog_bytes_per_action']:.0f}")
+    cl_bytes = ours["changelog_bytes_per_action"]
+    print(
+        f"changelog bytes per action: {cl_bytes:.0f}"
+        if cl_bytes == cl_bytes  # NaN: not this checkout's broker
+        else "changelog bytes per action: unknown (the broker's log directory is not "
+        "this checkout's .kafka-data; set KAFKA_DATA to it)"
+    )
     pipeline_cpu, sink_cpu = ours["cpu_us_per_action"]
     print(
         f"CPU per action: pipeline {pipeline_cpu:.0f} us, null sink {sink_cpu:.0f} us"

@@ -265,11 +265,15 @@ async def delete_run_topics(bootstrap: str) -> None:
         await admin.close()
 
 
+def kafka_data(bootstrap: str) -> Path:
+    """Where ``scripts/kafka.sh`` keeps the broker of ``bootstrap`` (``KAFKA_DATA`` overrides)."""
+    return Path(os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / bootstrap.rsplit(":", 1)[1]))
+
+
 def broker_cpu_seconds(bootstrap: str) -> float:
     """The local broker's CPU time so far (``scripts/kafka.sh``'s pid file), NaN without it."""
-    data = Path(os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / bootstrap.rsplit(":", 1)[1]))
     try:
-        return cpu_seconds(int((data / "broker.pid").read_text()))
+        return cpu_seconds(int((kafka_data(bootstrap) / "broker.pid").read_text()))
     except (OSError, ValueError):
         return float("nan")
 

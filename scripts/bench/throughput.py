@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,9 +11,9 @@ import httpx
 from scripts.bench import measure
 from scripts.bench.baselines import bench_faust_floor, bench_sdk, bench_transition
 from scripts.bench.measure import (
-    ROOT,
     Workers,
     broker_cpu_seconds,
+    kafka_data,
     new_run,
     settings_of,
     wait_healthy,
@@ -24,11 +22,13 @@ from scripts.bench.measure import (
 from scripts.bench.workload import changelog_records, produce, records_in
 
 
-def changelog_bytes(kafka_data: Path, app_id: str) -> int:
-    total = 0
-    for path in kafka_data.glob(f"{app_id}-*changelog-*/*.log"):
-        total += path.stat().st_size
-    return total
+def changelog_bytes(bootstrap: str, app_id: str) -> float:
+    """The bytes of the app's changelog segments in the broker's log directory; NaN when
+    this is not the broker ``scripts/kafka.sh`` started here (another checkout's, compose's)."""
+    logs = kafka_data(bootstrap) / "logs"
+    if not logs.is_dir():
+        return float("nan")
+    return sum(path.stat().st_size for path in logs.glob(f"{app_id}-*changelog-*/*.log"))
 
 
 async def offer_backlog(
@@ -140,10 +140,7 @@ async def bench_pipeline(
             workers.stop_profiles()
     finally:
         workers.stop()
-    kafka_data = Path(
-        os.environ.get("KAFKA_DATA", ROOT / ".kafka-data" / args.bootstrap.rsplit(":", 1)[1])
-    )
-    cl_bytes = changelog_bytes(kafka_data / "logs", env["AC_APP_ID"])
+    cl_bytes = changelog_bytes(args.bootstrap, env["AC_APP_ID"])
     print("(a') a no-op Faust agent over the same topic ...")
     floor = bench_faust_floor(env, len(payloads), actions, args.port + 5, "agent")
     print("(a'') a no-op BatchSource over the same topic ...")

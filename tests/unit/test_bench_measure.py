@@ -1,8 +1,15 @@
-"""The bench's measuring: what the cores did between two readings, how often it polls a worker."""
+"""The bench's measuring: what the cores did between two readings, how often it polls a
+worker, the changelog's bytes."""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+
+import pytest
+
 from scripts.bench.measure import machine_shares, machine_ticks, poll_interval
+from scripts.bench.throughput import changelog_bytes
 
 
 def test_the_shares_are_of_the_ticks_between_the_two_readings() -> None:
@@ -25,3 +32,18 @@ def test_a_worker_is_polled_often_only_near_the_end() -> None:
     assert poll_interval(done=5_000, elapsed_s=5, remaining=1_000) == 0.25
     assert poll_interval(done=5_000, elapsed_s=5, remaining=100) == 0.05
     assert poll_interval(done=0, elapsed_s=5, remaining=100) == 0.05  # no rate yet
+
+
+def test_changelog_bytes_are_unknown_without_this_checkouts_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run against a broker this checkout did not start (another worktree's, compose's)
+    printed 0 changelog bytes per action: now it says it cannot tell."""
+    monkeypatch.setenv("KAFKA_DATA", str(tmp_path / "elsewhere"))
+    assert math.isnan(changelog_bytes("127.0.0.1:9092", "app"))
+    monkeypatch.setenv("KAFKA_DATA", str(tmp_path))
+    segment = tmp_path / "logs" / "app-summaries-changelog-3" / "00000000000000000000.log"
+    segment.parent.mkdir(parents=True)
+    segment.write_bytes(b"x" * 700)
+    (tmp_path / "logs" / "other-app-summaries-changelog-3").mkdir()
+    assert changelog_bytes("127.0.0.1:9092", "app") == 700
