@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import resource
 from typing import Any
 
@@ -77,7 +78,7 @@ async def run_default(
     cl_bytes = ours["changelog_bytes_per_action"]
     print(
         f"changelog bytes per action: {cl_bytes:.0f}"
-        if cl_bytes == cl_bytes  # NaN: not this checkout's broker
+        if not math.isnan(cl_bytes)
         else "changelog bytes per action: unknown (the broker's log directory is not "
         "this checkout's .kafka-data; set KAFKA_DATA to it)"
     )
