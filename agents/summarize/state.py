@@ -114,8 +114,8 @@ def summary_operation(
     now: float,
 ) -> bytes:
     """The ``summary_ready`` operation for ``request``: the bytes ``encode(SummaryReady(...))``
-    gives, written from values already valid (the ledger is the model's dump), at a tenth
-    of its cost (~28 µs a summary). tests/unit/test_summarize.py holds it to the model."""
+    gives, written from values already valid (the ledger is the model's dump): 2.8 against
+    30.8 µs a summary. tests/unit/test_summarize.py holds it to the model byte for byte."""
     return orjson.dumps(
         {
             "seq_from": 1,
