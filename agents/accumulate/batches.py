@@ -39,7 +39,8 @@ class TableBatches:
     """The ``BatchStore`` of the session transitions, over the sessions table.
 
     Changes are staged until ``commit``: a payload that is dead-lettered after
-    its transition ran must leave the store as it was (``discard``).
+    its transition ran must leave the store as it was (``discard``). A deletion
+    is a tombstone on commit, which the crash-safe order writes after the session entry.
     """
 
     def __init__(self, table: TableT[str, bytes], writes: WriteBehind) -> None:
@@ -54,14 +55,19 @@ class TableBatches:
         for index in range(first, end):
             key = batch_key(session_id, index)
             if self._staged.get(key) is not None:
-                bodies.append(cast(bytes, self._staged.pop(key)))  # put by this change
+                # Put by this change and taken at once: never written (the slot keeps
+                # what it held, which no saved state still reads).
+                bodies.append(cast(bytes, self._staged.pop(key)))
                 continue
             body = self._writes.get(self._table, key)
             if body is None:  # a bug, not bad input: the state and the store disagree
                 raise RuntimeError(f"session {session_id}: pending batch {index} is missing")
             bodies.append(body)
-            self._staged[key] = None
         return bodies
+
+    def delete(self, session_id: str, end: int) -> None:
+        for index in range(end):
+            self._staged[batch_key(session_id, index)] = None
 
     def commit(self) -> None:
         for key, body in self._staged.items():

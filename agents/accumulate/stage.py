@@ -8,10 +8,10 @@ between replays the payload with the old state, which re-emits the same sequence
 numbers; every downstream stage skips what it already applied.
 
 One table, keyed by session: a small entry per session under its id, and
-each un-summarised batch once under ``batch_key(session, index)``, so the
-changelog grows by O(1) per action, and all of a session's records are on one
-changelog partition in the order they were written (the crash-safe order relies
-on that).
+each un-summarised batch once under ``batch_key(session, slot)`` (slots reused
+after each summarize request, deleted at the close), so the changelog grows by
+O(1) per action, and all of a session's records are on one changelog partition
+in the order they were written (the crash-safe order relies on that).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ class Accumulator:
         sid = erase.session_id
         state = self.load(sid)
         if state is not None:
-            self.store.take(sid, state.first_batch, state.next_batch)  # tombstones on commit
+            self.store.delete(sid, state.slots_used)  # tombstones on commit
             self.store.commit()
             self.save(sid, None)
             self.debouncing.discard(sid)

@@ -5,8 +5,11 @@ offset applied (so replays after a crash are skipped), the range of batch
 indexes not yet sent for summarising, and the debounce buffer. The batches
 themselves live in a :class:`BatchStore` under (session, index), written once
 each: a payload costs its own bytes in the changelog, not the whole buffer
-again (O(1) per action, not O(K)). They are stored as the JSON they are
-re-emitted as, so the hot path never re-validates them. A payload arrives as a
+again (O(1) per action, not O(K)). The indexes are slots: a summarize request
+leaves its batches where they are and the next batches reuse indexes from 0,
+so no batch costs a deletion until the session's close deletes its slots. They
+are stored as the JSON they are re-emitted as, so the hot path never
+re-validates them. A payload arrives as a
 :class:`schemas.fast.Payload` Struct: no pydantic model is built per payload.
 """
 
@@ -39,12 +42,16 @@ __all__ = [
 
 
 class BatchStore(Protocol):
-    """Where un-summarised batches wait, by (session, batch index)."""
+    """Where un-summarised batches wait, by (session, slot index)."""
 
     def put(self, session_id: str, index: int, body: bytes) -> None: ...
 
     def take(self, session_id: str, first: int, end: int) -> list[bytes]:
-        """Return the batches ``first .. end - 1`` and forget them."""
+        """Return the batches ``first .. end - 1``; their slots stay until reused or deleted."""
+        ...
+
+    def delete(self, session_id: str, end: int) -> None:
+        """Forget the slots ``0 .. end - 1``: the session is closed or erased."""
         ...
 
 
@@ -58,7 +65,11 @@ class MemoryBatchStore:
         self.batches[(session_id, index)] = body
 
     def take(self, session_id: str, first: int, end: int) -> list[bytes]:
-        return [self.batches.pop((session_id, i)) for i in range(first, end)]
+        return [self.batches[(session_id, i)] for i in range(first, end)]
+
+    def delete(self, session_id: str, end: int) -> None:
+        for i in range(end):
+            self.batches.pop((session_id, i), None)
 
 
 @dataclass
@@ -71,6 +82,9 @@ class SessionState(JsonRecord):
     summarized_to: int = 0
     first_batch: int = 0  # pending batches are first_batch .. next_batch - 1 in the store
     next_batch: int = 0
+    # Summarize requests leave their batches in slots 0 .. batch_slots - 1 for the next
+    # batches to overwrite (_summarize_request); the close deletes them (slots_used).
+    batch_slots: int = 0
     pending_actions: int = 0
     pending_bytes: int = 0
     debounce: list[dict[str, Any]] = field(default_factory=list)  # payload dicts
@@ -84,6 +98,11 @@ class SessionState(JsonRecord):
     @property
     def pending_batches(self) -> int:
         return self.next_batch - self.first_batch
+
+    @property
+    def slots_used(self) -> int:
+        """The batch slots that may hold a batch: what the session's close deletes."""
+        return max(self.batch_slots, self.next_batch)
 
 
 @dataclass(frozen=True)
@@ -166,8 +185,14 @@ def _write_batch(
 def _summarize_request(
     state: SessionState, session_id: str, now: float, store: BatchStore, *, final: bool
 ) -> Emission:
-    """Everything after the last summary, sent for summarising (and dropped from the store).
+    """Everything after the last summary, sent for summarising.
 
+    The batches stay in their slots, which the next batches overwrite from 0: no
+    deletion per batch. A replay after a crash can find a slot overwritten by a batch
+    written after this request; the request it then builds again repeats this one's
+    range and is skipped downstream, because no overwrite is durable before this
+    request is (outputs are acknowledged before table writes; test_session_state.py,
+    ``test_a_replay_over_reused_slots_repeats_the_request_it_replays``).
     A ``final`` request may hold no batches: it still closes the generation.
     """
     batches = store.take(session_id, state.first_batch, state.next_batch)
@@ -182,7 +207,8 @@ def _summarize_request(
         "created_at": now,
     }
     state.summarized_to = state.next_seq - 1
-    state.first_batch = state.next_batch
+    state.batch_slots = state.slots_used
+    state.first_batch = state.next_batch = 0
     state.pending_actions = 0
     state.pending_bytes = 0
     return Emission("summarize", orjson.dumps(request))
@@ -261,4 +287,5 @@ def close_idle(
     out = flush_debounce(state, limits, now, store)
     if state.pending_batches or state.summarized_to:
         out.append(_summarize_request(state, session_id, now, store, final=True))
+    store.delete(session_id, state.slots_used)
     return out

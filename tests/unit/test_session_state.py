@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any, cast
 
 import orjson
 
-from agents.accumulate.batches import DecodedStates
+from agents.accumulate.batches import DecodedStates, TableBatches
 from agents.accumulate.state import (
     Limits,
     MemoryBatchStore,
@@ -19,7 +20,8 @@ from agents.accumulate.state import (
 )
 from agents.summarize.state import SummaryState
 from schemas import ActionsPayload, ActionsWritten, SummarizeRequest
-from schemas.fast import Payload, payload_struct
+from schemas.fast import Payload, encode_payload, payload_struct
+from streams.tables import batch_key
 
 
 def payload(n: int, sid: str = "s1", start: int = 0) -> Payload:
@@ -35,6 +37,10 @@ def payload(n: int, sid: str = "s1", start: int = 0) -> Payload:
             }
         )
     )
+
+
+def payload_bytes(index: int) -> bytes:
+    return encode_payload(payload(1, start=index))
 
 
 def decode_all(emissions):  # type: ignore[no-untyped-def]
@@ -61,10 +67,93 @@ def test_sequence_numbers_are_contiguous_and_threshold_counts_actions() -> None:
     assert [len(b.actions) for b in request.batches] == [3, 4]
     assert (
         state.pending_batches == 0
-        and not store.batches
         and state.summarized_to == 7
         and state.generation == 10
+        and state.batch_slots == 2  # the batches stay in their slots for the next to reuse
+        and set(store.batches) == {("s1", 0), ("s1", 1)}
     )
+
+
+def test_slots_are_reused_after_each_request_and_deleted_at_the_close() -> None:
+    """No deletion per summarised batch: the next batches overwrite its slots from 0,
+    and the close deletes every slot the session used (none is left behind)."""
+    store = MemoryBatchStore()
+    limits = Limits(threshold=4, max_actions_per_batch=100)
+    state, requests = None, []
+    for n in range(12):  # 24 actions: 6 requests of 2 batches each
+        state, out = apply_payload(
+            state, payload(2, start=2 * n), offset=n, limits=limits, now=0.0, store=store
+        )
+        requests += [o for o in decode_all(out) if isinstance(o, SummarizeRequest)]
+        assert set(store.batches) <= {("s1", 0), ("s1", 1)}
+    assert [[a.index for b in r.batches for a in b.actions] for r in requests] == [
+        list(range(4 * i, 4 * i + 4)) for i in range(6)
+    ]
+    assert state is not None
+    state, _ = apply_payload(
+        state, payload(1, start=24), offset=12, limits=limits, now=0.0, store=store
+    )
+    (final,) = decode_all(close_idle(state, "s1", limits, 400.0, store))
+    assert final.final and [a.index for b in final.batches for a in b.actions] == [24]
+    assert store.batches == {}
+
+
+def test_a_state_saved_before_slots_deletes_its_old_indexes_at_the_close() -> None:
+    """A session entry written before slots were reused (no ``batch_slots``, its pending
+    batches at indexes 30-32, the ones below already deleted) still leaves nothing."""
+    store = MemoryBatchStore()
+    limits = Limits(threshold=100, max_actions_per_batch=100)
+    state, _ = apply_payload(None, payload(1), offset=0, limits=limits, now=0.0, store=store)
+    store.batches.clear()
+    entry = orjson.loads(state.to_bytes())
+    del entry["batch_slots"]
+    entry |= {"first_batch": 30, "next_batch": 33, "next_seq": 4, "pending_actions": 3}
+    old = SessionState.from_bytes(orjson.dumps(entry))
+    for i in range(30, 33):
+        store.put("s1", i, payload_bytes(i))
+    (final,) = decode_all(close_idle(old, "s1", limits, 400.0, store))
+    assert [a.index for b in final.batches for a in b.actions] == [30, 31, 32]
+    assert store.batches == {}
+
+
+def test_a_replay_over_reused_slots_repeats_the_request_it_replays() -> None:
+    """kill -9 between a unit's batch writes and its session entry: the durable entry is
+    from before a request whose slot a later batch already overwrote. Replayed, that
+    request is built from the overwritten slot, but it repeats the range of the request
+    made before the crash (durable before any overwrite: outputs are acknowledged before
+    table writes), so the summarize stage skips it; the state then converges."""
+    limits = Limits(threshold=4, max_actions_per_batch=100)
+    store = MemoryBatchStore()
+    state, _ = apply_payload(None, payload(2), offset=0, limits=limits, now=0.0, store=store)
+    durable_entry = state.to_bytes()
+    state, out = apply_payload(
+        state, payload(2, start=2), offset=1, limits=limits, now=0.0, store=store
+    )
+    (request,) = [o for o in decode_all(out) if isinstance(o, SummarizeRequest)]
+    state, _ = apply_payload(
+        state, payload(2, start=4), offset=2, limits=limits, now=0.0, store=store
+    )
+    assert store.batches[("s1", 0)] != store.batches[("s1", 1)]  # slot 0 overwritten
+    unbroken, unbroken_store = state, dict(store.batches)
+
+    # The crash: the batches are durable, the session entry is the one before offset 1.
+    replayed = SessionState.from_bytes(durable_entry)
+    replayed, out = apply_payload(
+        replayed, payload(2, start=2), offset=1, limits=limits, now=0.0, store=store
+    )
+    (again,) = [o for o in decode_all(out) if isinstance(o, SummarizeRequest)]
+    assert (again.seq_from, again.seq_to) == (request.seq_from, request.seq_to)
+    summaries = SummaryState(generation=0, requested_to=request.seq_to)  # after the original
+    assert summaries.replayed(again)
+    replayed, _ = apply_payload(
+        replayed, payload(2, start=4), offset=2, limits=limits, now=0.0, store=store
+    )
+    assert replayed == unbroken and store.batches == unbroken_store
+    replayed, out = apply_payload(
+        replayed, payload(2, start=6), offset=3, limits=limits, now=0.0, store=store
+    )
+    (after,) = [o for o in decode_all(out) if isinstance(o, SummarizeRequest)]
+    assert [a.index for b in after.batches for a in b.actions] == [4, 5, 6, 7]
 
 
 def test_a_replayed_offset_is_recognised() -> None:
@@ -209,3 +298,39 @@ def test_a_kept_state_is_handed_out_once_and_only_for_the_bytes_it_was_saved_as(
         states.keep(sid, raw, state)
     assert states.take("a", raw) is not state  # the oldest of three went (limit 2)
     assert states.take("c", raw) is state
+
+
+class RecordedWrites:
+    """The two calls ``TableBatches`` makes of a ``WriteBehind``, recorded."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes | None] = {}
+        self.log: list[tuple[str, bytes | None]] = []
+
+    def get(self, table: object, key: str) -> bytes | None:
+        return self.values.get(key)
+
+    def set(self, table: object, key: str, value: bytes | None) -> None:
+        self.values[key] = value
+        self.log.append((key, value))
+
+
+def test_the_table_store_writes_no_tombstone_until_the_close() -> None:
+    """Changelog records: one per batch, none per summarised batch, one per slot at the close."""
+    writes = RecordedWrites()
+    store = TableBatches(cast(Any, object()), cast(Any, writes))
+    limits = Limits(threshold=4, max_actions_per_batch=100)
+    state = None
+    for n in range(8):  # 16 actions, 4 requests
+        state, _ = apply_payload(
+            state, payload(2, start=2 * n), offset=n, limits=limits, now=0.0, store=store
+        )
+        store.commit()
+    assert state is not None and state.batch_slots == 2
+    # The second batch of each request is taken in its own change: never written.
+    assert [key for key, _ in writes.log] == [batch_key("s1", 0)] * 4
+    assert all(value is not None for _, value in writes.log)
+    writes.log.clear()
+    close_idle(state, "s1", limits, 400.0, store)
+    store.commit()
+    assert writes.log == [(batch_key("s1", 0), None), (batch_key("s1", 1), None)]
