@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -35,6 +35,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerLimits",
     "SessionLedger",
+    "count_batches",
     "new_ledger",
     "update_ledger",
 ]
@@ -183,43 +184,67 @@ def update_ledger(
     limits: LedgerLimits,
     now: float,
 ) -> None:
-    """Count one batch of actions, numbered from ``seq_from``, into ``ledger`` (in place).
+    """Count one batch of actions, numbered from ``seq_from``, into ``ledger`` (in place);
+    an action without timestamps counts at ``now``."""
+    count_batches(ledger, ((actions, now),), seq_from, limits)
 
-    Totals and bounds are applied once per batch, not per action: the same ledger at
-    two thirds of the cost (tests/unit/test_ledger.py, against the per-action oracle)."""
-    if not actions:
-        return
-    ledger["batches"] += 1
-    ledger["actions"] += len(actions)
+
+def count_batches(
+    ledger: dict[str, Any],
+    batches: Iterable[tuple[Sequence[SlimAction], float]],
+    seq_from: int,
+    limits: LedgerLimits,
+) -> None:
+    """Count consecutive batches (their actions, and the time their undated actions count
+    at), numbered on from ``seq_from``, into ``ledger`` (in place): a summarize request's.
+
+    Totals and bounds are applied once, and an entry is built only for an error or key
+    action the bounds keep: the same ledger as counting action by action
+    (tests/unit/test_ledger.py, against the per-action oracle) at a fraction of the cost."""
     pages: dict[str, int] = ledger["pages"]
-    errors, key_actions = ledger["errors"], ledger["key_actions"]
     first_at, last_at, first_step = ledger["first_at"], ledger["last_at"], ledger["first_step"]
     kinds, top_pages = limits.kinds, limits.top_pages
-    for seq, action in enumerate(actions, seq_from):
-        start, end = action.timestamp_start, action.timestamp_end
-        if not first_at:
-            first_at = start or end or now
-        last_at = max(last_at, end or start or now)
-        page = _page(action.canonical_url or action.raw_url)
-        if page in pages:
-            pages[page] += 1
-        else:
-            if len(pages) >= top_pages:
-                # Full: the least visited page (the earliest among ties) makes room, its
-                # actions move to ``other_page_actions`` so the counts still add up.
-                least = min(pages, key=pages.__getitem__)
-                ledger["other_page_actions"] += pages.pop(least)
-            pages[page] = 1
-        if first_step is None:
-            first_step = ledger["first_step"] = _entry(seq, action)
-        is_error, is_key = kinds(f"{action.type}: {action.title} {action.description}")
-        if is_error:
-            ledger["errors_total"] += 1
-            errors.append(_entry(seq, action))
-        if is_key:
-            ledger["key_actions_total"] += 1
-            key_actions.append(_entry(seq, action))
+    errors: list[tuple[int, Any]] = []  # (seq, action)
+    key_actions: list[tuple[int, Any]] = []
+    seq, counted, last = seq_from, 0, None
+    for actions, now in batches:
+        if not actions:
+            continue
+        counted += 1
+        for number, action in enumerate(actions, seq):
+            start, end = action.timestamp_start, action.timestamp_end
+            if not first_at:
+                first_at = start or end or now
+            last_at = max(last_at, end or start or now)
+            page = _page(action.canonical_url or action.raw_url)
+            if page in pages:
+                pages[page] += 1
+            else:
+                if len(pages) >= top_pages:
+                    # Full: the least visited page (the earliest among ties) makes room, its
+                    # actions move to ``other_page_actions`` so the counts still add up.
+                    least = min(pages, key=pages.__getitem__)
+                    ledger["other_page_actions"] += pages.pop(least)
+                pages[page] = 1
+            if first_step is None:
+                first_step = ledger["first_step"] = _entry(number, action)
+            is_error, is_key = kinds(f"{action.type}: {action.title} {action.description}")
+            if is_error:
+                errors.append((number, action))
+            if is_key:
+                key_actions.append((number, action))
+        last, seq = (number, actions[-1]), number + 1
+    if last is None:
+        return
+    ledger["batches"] += counted
+    ledger["actions"] += seq - seq_from
     ledger["first_at"], ledger["last_at"] = first_at, last_at
-    _keep_last(errors, limits.errors)
-    _keep_last(key_actions, limits.key_actions)
-    ledger["last_step"] = _entry(seq_from + len(actions) - 1, actions[-1])
+    for name, found, keep in (
+        ("errors", errors, limits.errors),
+        ("key_actions", key_actions, limits.key_actions),
+    ):
+        ledger[f"{name}_total"] += len(found)
+        entries = ledger[name]
+        entries += [_entry(s, a) for s, a in found[max(len(found) - keep, 0) :]]
+        _keep_last(entries, keep)
+    ledger["last_step"] = _entry(*last)

@@ -9,7 +9,7 @@ import orjson
 
 from agents.summarizer import cap_summary, offline_summary
 from schemas import ActionsPayload, SessionErased, SummarizeRequest, SummaryUsage, decode, fast
-from schemas.ledger import LedgerLimits, new_ledger, update_ledger
+from schemas.ledger import LedgerLimits, count_batches, new_ledger
 from schemas.records import JsonRecord
 from streams.topics import MESSAGE_MAX_BYTES
 
@@ -95,12 +95,9 @@ def count_facts(
         return
     if state.ledger is None:
         state.ledger = new_ledger()
-    seq = request.seq_from
-    for batch in request.batches:  # an action with no timestamps counts as forwarded
-        update_ledger(
-            state.ledger, batch.actions, seq, limits, batch.forwarded_at or request.created_at
-        )
-        seq += len(batch.actions)
+    # An action with no timestamps counts as forwarded (else as requested).
+    batches = ((b.actions, b.forwarded_at or request.created_at) for b in request.batches)
+    count_batches(state.ledger, batches, request.seq_from, limits)
 
 
 def summary_operation(

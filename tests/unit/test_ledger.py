@@ -15,7 +15,7 @@ from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.summarize.state import SummaryState, count_facts
 from schemas import ActionsPayload, SlimAction, SummarizeRequest, decode
 from schemas.fast import payload_struct
-from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
+from schemas.ledger import LedgerLimits, SessionLedger, count_batches, new_ledger, update_ledger
 
 
 def counted_from_input(payloads: list[ActionsPayload], limits: LedgerLimits) -> dict[str, object]:
@@ -248,3 +248,30 @@ def test_update_ledger_is_the_per_action_ledger(
         _per_action(oracle, actions, seq, limits, now)
         seq += len(actions)
         assert orjson.dumps(fast) == orjson.dumps(oracle)
+
+
+@given(
+    batches=st.lists(
+        st.tuples(st.lists(_action, max_size=6), st.sampled_from([0.0, 4.0, 9.0])), max_size=6
+    ),
+    bounds=st.tuples(st.integers(1, 3), st.integers(0, 2), st.integers(0, 2)),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_request_counted_in_one_pass_is_the_per_action_ledger(
+    batches: list[tuple[list[dict[str, Any]], float]], bounds: tuple[int, int, int]
+) -> None:
+    """``count_batches`` over a whole request, each batch with its own time for undated
+    actions, against the oracle counting action by action, batch by batch."""
+    top_pages, errors, key_actions = bounds
+    limits = LedgerLimits(top_pages=top_pages, errors=errors, key_actions=key_actions)
+    fast, oracle = new_ledger(), new_ledger()
+    request = [
+        (ActionsPayload.model_validate({"session_id": "s", "actions": b}).actions, now)
+        for b, now in batches
+    ]
+    count_batches(fast, request, 5, limits)
+    seq = 5
+    for actions, now in request:
+        _per_action(oracle, actions, seq, limits, now)
+        seq += len(actions)
+    assert orjson.dumps(fast) == orjson.dumps(oracle)
