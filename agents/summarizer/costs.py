@@ -35,15 +35,19 @@ class Accounting:
     ) -> None:
         self.prices, self.budget, self._clock = prices, daily_token_budget, clock
         self.product_budgets = product_budgets or {}
-        self._day = ""
+        self._day, self._day_number = "", -1
         self._spent: dict[str, int] = {}  # product -> tokens today (UTC)
         self._announced: set[str] = set()  # products told "over budget" today
 
     def _today(self) -> str:
-        day = time.strftime("%Y-%m-%d", time.gmtime(self._clock()))
-        if day != self._day:  # a new UTC day: every product's count starts again
-            self._day, self._spent, self._announced = day, {}, set()
-        return day
+        now = self._clock()
+        # UTC days are whole multiples of 86,400 s of the epoch: a division per request,
+        # the date formatted once a day (test_costs.py: the count starts again at 00:00).
+        if int(now // 86400) != self._day_number:  # a new UTC day: every count starts again
+            self._day_number = int(now // 86400)
+            self._day = time.strftime("%Y-%m-%d", time.gmtime(now))
+            self._spent, self._announced = {}, set()
+        return self._day
 
     def over_budget(self, product: str) -> bool:
         """Whether ``product`` spent its tokens for today (then summarise offline)."""

@@ -46,7 +46,9 @@ def test_tokens_are_priced_and_a_product_over_its_budget_waits_for_the_next_day(
     assert accounting.over_budget("p1") and not accounting.over_budget("p2")
     unpriced = accounting.record("p2", Usage("other", 10, 10))
     assert unpriced is not None and unpriced.cost_usd is None
-    clock[0] += 86_400  # the next UTC day: the LLM resumes
+    clock[0] += 86_399.999  # 23:59:59.999 UTC: still the same day
+    assert accounting.over_budget("p1")
+    clock[0] += 0.001  # 00:00 UTC, the next day: the LLM resumes
     assert not accounting.over_budget("p1")
     assert Accounting({}, daily_token_budget=0).over_budget("p1") is False  # 0: no budget
     accounting.record("p3", Usage("m", 3, 3))
