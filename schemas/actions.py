@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from schemas.text import one_line_each
 
-__all__ = ["ActionsPayload", "SlimAction", "numbered_text"]
+__all__ = ["ActionsPayload", "SlimAction", "action_text", "numbered_text"]
 
 _TEXT_FIELDS = ("title", "description", "canonical_url", "type", "raw_url")
 _TIMESTAMP_FIELDS = ("timestamp_start", "timestamp_end")
@@ -63,7 +63,7 @@ class SlimAction(BaseModel):
 
     def to_text(self) -> str:
         """``[{index}] {type}: {description} — {canonical_url}``, as the SDK."""
-        return f"[{self.index}] {self.type}: {self.description} — {self.canonical_url}"
+        return action_text(self)
 
 
 class ActionsPayload(BaseModel):
@@ -142,6 +142,11 @@ class ActionsPayload(BaseModel):
     def numbered_text(self, seq_from: int) -> str:
         """:func:`numbered_text` of this payload."""
         return numbered_text(self.session_id, self.actions, seq_from)
+
+
+def action_text(action: SlimAction) -> str:
+    """:meth:`SlimAction.to_text` of a SlimAction or its Struct (``schemas.fast.Action``)."""
+    return f"[{action.index}] {action.type}: {action.description} — {action.canonical_url}"
 
 
 def numbered_text(session_id: str, actions: Sequence[SlimAction], seq_from: int) -> str:

@@ -34,11 +34,13 @@ from schemas.operations import (
 __all__ = [
     "Action",
     "Payload",
+    "Request",
     "built",
     "decode_context_message",
     "decode_payload",
     "decode_request",
     "encode_payload",
+    "payload_model",
     "payload_of",
     "payload_struct",
     "struct_of",
@@ -133,6 +135,11 @@ def payload_of(struct: Any) -> ActionsPayload:
     return built(ActionsPayload, fields, _PAYLOAD_FIELDS)
 
 
+def payload_model(payload: ActionsPayload | Payload) -> ActionsPayload:
+    """The model of a :data:`Payload` (a model is returned as it is): for user code."""
+    return payload if isinstance(payload, ActionsPayload) else payload_of(payload)
+
+
 # The exact path: strict Structs that refuse unknown fields (msgspec skips those without
 # the checks orjson makes: invalid UTF-8, 1e400), so whatever they accept, pydantic
 # accepts as the same model; everything else goes to pydantic for its answer.
@@ -162,11 +169,18 @@ _Request = struct_of(
     batches=list[ExactPayload],  # type: ignore[valid-type]
     ledger=_Ledger | None,
 )
+# What the summarize stage takes: the model's values, its batches as Payloads, a ledger
+# (sent by an accumulator before session 21) as the model's JSON form.
+if TYPE_CHECKING:
+    Request = Any
+else:
+    Request = struct_of(
+        SummarizeRequest, "Request", batches=list[Payload], ledger=dict[str, Any] | None
+    )
 _input_decoder = msgspec.json.Decoder(ExactPayload)
 _request_decoder = msgspec.json.Decoder(_Request)
 _LEDGER_FIELDS = frozenset(SessionLedger.model_fields)
 _ENTRY_FIELDS = frozenset(LedgerEntry.model_fields)
-_REQUEST_FIELDS = frozenset(SummarizeRequest.model_fields)
 
 
 def _check() -> None:
@@ -245,9 +259,10 @@ def _exact_request(r: Any) -> bool:
     )
 
 
-def decode_request(raw: bytes | None) -> SummarizeRequest:
-    """A summarize request: exactly ``decode(SummarizeRequest, raw)``, its K batches
-    built once from one strict decode instead of validated by pydantic."""
+def decode_request(raw: bytes | None) -> Request:
+    """A summarize request: the values ``decode(SummarizeRequest, raw)`` gives, or its
+    refusal, as a :data:`Request`: its K batches are Payload Structs, no model is built
+    (50 against 12 µs a request of 13 actions; test_fast_exact.py)."""
     if raw is not None:
         try:
             struct: Any = _request_decoder.decode(raw)
@@ -256,10 +271,11 @@ def decode_request(raw: bytes | None) -> SummarizeRequest:
         else:
             if _exact_request(struct):
                 fields = asdict(struct)
-                fields["batches"] = [payload_of(b) for b in struct.batches]
-                fields["ledger"] = _ledger(struct.ledger)
-                return built(SummarizeRequest, fields, _REQUEST_FIELDS)
-    return decode(SummarizeRequest, raw)
+                fields["batches"] = [_values(b) for b in struct.batches]
+                if struct.ledger is not None:
+                    fields["ledger"] = msgspec.to_builtins(struct.ledger)
+                return Request(**fields)
+    return msgspec.convert(decode(SummarizeRequest, raw).model_dump(), Request)
 
 
 # The context topic's messages, with the same exact Structs; a summary's usage stays a

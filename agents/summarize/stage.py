@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
+import msgspec
 from faust.types import Message
 
 from agents.summarize.state import (
@@ -28,7 +29,8 @@ from agents.summarize.state import (
     summary_operation,
 )
 from agents.summarizer import Accounting, LLMError, Summarizer, llm_session, usage_of
-from schemas import ActionsPayload, SessionErased, SummarizeRequest
+from schemas import ActionsPayload, SessionErased
+from schemas.fast import Request
 from streams._faust import changelog, stores
 from streams._faust.batch_source import BatchSource
 from streams._faust.commit import Write, commit
@@ -43,7 +45,7 @@ __all__ = ["SummarizeStage"]
 
 log = logging.getLogger(__name__)
 
-LaneItem = tuple[Any, SummarizeRequest | SessionErased]  # (an InOrderAcks ticket, request)
+LaneItem = tuple[Any, Request | SessionErased]  # (an InOrderAcks ticket, request)
 
 
 class SummarizeStage:
@@ -83,7 +85,7 @@ class SummarizeStage:
             return SummaryState(generation=generation)
         return state if state.generation == generation else None
 
-    def check_chain(self, request: SummarizeRequest, state: SummaryState) -> None:
+    def check_chain(self, request: Request, state: SummaryState) -> None:
         """Each request starts right after the previous one of its generation, so each
         summary is prompted with its predecessor (or the carried actions)."""
         if request.seq_from == state.requested_to + 1:
@@ -100,7 +102,7 @@ class SummarizeStage:
         )
 
     async def emit_summary(
-        self, request: SummarizeRequest, state: SummaryState, text: str, took_s: float
+        self, request: Request, state: SummaryState, text: str, took_s: float
     ) -> Awaitable[Any]:
         """Produce the summary; the result resolves when the broker has it."""
         usage = self.accounting.record(request.product_id, usage_of(text))
@@ -117,7 +119,7 @@ class SummarizeStage:
         return await self.app.append(self.context_topic, request.session_id.encode(), op)
 
     async def give_up(
-        self, message: Message, request: SummarizeRequest, state: SummaryState, error: LLMError
+        self, message: Message, request: Request, state: SummaryState, error: LLMError
     ) -> None:
         """Keep the raw context, record the failure, and carry the actions forward."""
         await self.dead_letters.write_letter(
@@ -130,7 +132,7 @@ class SummarizeStage:
         )
         if state.carry_from is None:
             state.carry_from = request.seq_from
-        state.carry.extend(b.model_dump(mode="json") for b in request.batches)
+        state.carry.extend(msgspec.to_builtins(b) for b in request.batches)
         metrics.SUMMARIES.labels("failed").inc()
         if fold_large_carry(state, self.settings.summary_max_chars, total=request.seq_to):
             log.warning(
@@ -142,7 +144,7 @@ class SummarizeStage:
             )
 
     async def summarise(
-        self, message: Message, request: SummarizeRequest, state: SummaryState
+        self, message: Message, request: Request, state: SummaryState
     ) -> str | None:
         """The next summary of the session, or None when there is none to emit.
 

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 
 from agents.summarizer import cap_summary, offline_summary
-from schemas import ActionsPayload, SessionErased, SummarizeRequest, SummaryUsage, decode, fast
+from schemas import ActionsPayload, SessionErased, SummaryUsage, decode, fast
+from schemas.fast import Request
 from schemas.ledger import LedgerLimits, count_batches, new_ledger
 from schemas.records import JsonRecord
 from streams.topics import MESSAGE_MAX_BYTES
@@ -63,11 +64,12 @@ class SummaryState(JsonRecord):
         """Actions of failed requests that no emitted summary covers yet."""
         return self.carry_from is not None
 
-    def replayed(self, request: SummarizeRequest) -> bool:
-        """Taken before (a redelivery after a crash): skip it."""
+    def replayed(self, request: Request) -> bool:
+        """Taken before (a redelivery after a crash): skip it. A final with nothing new
+        (``seq_from > seq_to``) is a replay only once the generation is closed."""
         if self.closed:
             return True
-        return not request.closes_only and request.seq_to <= self.requested_to
+        return request.seq_from <= request.seq_to <= self.requested_to
 
     def closed_record(self, now: float) -> SummaryState:
         return SummaryState(
@@ -79,9 +81,7 @@ class SummaryState(JsonRecord):
         )
 
 
-def count_facts(
-    state: SummaryState, request: SummarizeRequest, limits: LedgerLimits | None
-) -> None:
+def count_facts(state: SummaryState, request: Request, limits: LedgerLimits | None) -> None:
     """Count a request's actions into the session's ledger, once per request taken.
 
     Here, not in the accumulator: once per K actions from batches this stage decodes
@@ -91,7 +91,7 @@ def count_facts(
     if limits is None:
         return
     if request.ledger is not None:
-        state.ledger = request.ledger.model_dump(mode="json")
+        state.ledger = request.ledger
         return
     if state.ledger is None:
         state.ledger = new_ledger()
@@ -101,7 +101,7 @@ def count_facts(
 
 
 def summary_operation(
-    request: SummarizeRequest,
+    request: Request,
     state: SummaryState,
     text: str,
     *,
@@ -161,7 +161,7 @@ def fold_large_carry(
     return True
 
 
-def decode_request(raw: bytes | None) -> SummarizeRequest | SessionErased:
+def decode_request(raw: bytes | None) -> Request | SessionErased:
     if raw is not None and b'"session_erased"' in raw:
         return decode(SessionErased, raw)
     return fast.decode_request(raw)

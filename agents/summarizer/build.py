@@ -24,6 +24,7 @@ from agents.summarizer.prompting import (
 from agents.summarizer.protocol import Summarizer
 from agents.summarizer.resilience import ResilientLLM
 from schemas import ActionsPayload
+from schemas.fast import payload_model
 from streams.hooks import load_callable
 from streams.settings import ConfigurationError, Settings
 
@@ -59,6 +60,8 @@ class LLMSummarizer(Summarizer):
             session = payloads[0].session_id
             payloads = self._pii.redact(payloads, session)
             previous = self._pii.redact_text(previous, session) if previous else previous
+        if self._formatter is not default_format_actions:  # user code: it gets the models
+            payloads = [payload_model(p) for p in payloads]
         prompt = build_prompt(self._template, previous, payloads, self._formatter)
         answer = await self.llm(prompt)
         return Completion(cap_summary(answer, self._max_chars), usage_of(answer))

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 
 from schemas import ActionsPayload
+from schemas.actions import action_text
 from schemas.text import printable
 
 __all__ = [
@@ -57,12 +58,13 @@ _DEFANGED = str.maketrans({"<": "‹", "＜": "‹"})
 
 
 def default_format_actions(payloads: list[ActionsPayload]) -> str:
-    """One numbered line per action, numbering across batches (the SDK's format)."""
+    """One numbered line per action, numbering across batches (the SDK's format). Takes
+    the models or their Structs (``schemas.fast.Payload``: the summarize stage's)."""
     lines: list[str] = []
     n = 1
     for payload in payloads:
         for action in payload.actions:
-            lines.append(f"{n}. {action.to_text()}")
+            lines.append(f"{n}. {action_text(action)}")
             n += 1
     return "\n".join(lines)
 

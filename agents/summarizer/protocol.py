@@ -18,7 +18,9 @@ class Summarizer(Protocol):
         self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
     ) -> str:
         """The next rolling summary; ``total`` is the session's action count after
-        ``payloads`` (the request's ``seq_to``), for summarizers that state it."""
+        ``payloads`` (the request's ``seq_to``), for summarizers that state it.
+        ``payloads``: models or their ``schemas.fast.Payload`` Structs (the same
+        attributes); what hands them to user code converts them (``schemas.fast.payload_model``)."""
         ...
 
     async def aclose(self) -> None:

@@ -9,10 +9,12 @@ import pytest
 
 from agents.summarize import CARRY_MAX_BYTES, SummaryState, fold_large_carry
 from agents.summarize.state import count_facts, summary_operation
+from agents.summarizer import DEFAULT_PROMPT, LLMSummarizer, ResilientLLM, default_format_actions
 from agents.summarizer.llm import Completion
 from schemas import ActionsPayload, SummarizeRequest, SummaryReady, SummaryUsage, encode
-from schemas.fast import decode_context_message
+from schemas.fast import decode_context_message, decode_request
 from schemas.ledger import LedgerLimits, SessionLedger
+from streams.settings import Settings
 from streams.topics import MESSAGE_MAX_BYTES
 
 
@@ -113,3 +115,36 @@ def test_the_summary_operation_is_the_models_bytes(
     assert raw == encode(model)
     assert decode_context_message(raw) == model
     assert (model.ledger is not None) == ledger
+
+
+async def test_the_stage_requests_batches_give_the_prompt_models_give() -> None:
+    """The stage hands the summarizer its request's batches as Structs (no model built):
+    the default formatter writes the same prompt from them, and a user's formatter
+    (``AC_FORMAT_ACTIONS``) still gets ActionsPayload models."""
+    prompts: list[str] = []
+
+    async def llm(prompt: str) -> str:
+        prompts.append(prompt)
+        return "A summary."
+
+    seen: list[type] = []
+
+    def users_formatter(payloads: list[ActionsPayload]) -> str:
+        seen.extend(type(p) for p in payloads)
+        return default_format_actions(payloads)
+
+    model = request_of(1, 6)
+    structs = decode_request(encode(model)).batches
+    assert structs and not isinstance(structs[0], ActionsPayload)
+    for formatter in (default_format_actions, users_formatter):
+        summarizer = LLMSummarizer(
+            ResilientLLM.from_settings(llm, Settings()),
+            template=DEFAULT_PROMPT,
+            formatter=formatter,
+            max_chars=500,
+        )
+        await summarizer.summarize("Before.", structs, total=6)
+        await summarizer.summarize("Before.", model.batches, total=6)
+    assert prompts[0] == prompts[1] == prompts[2] == prompts[3]
+    assert "4. [0] error: Export failed — /page/1\n5. [0] click: clicked button 5" in prompts[0]
+    assert seen == [ActionsPayload, ActionsPayload]
