@@ -5,7 +5,8 @@ Structs derived from them (:func:`struct_of`, one source of truth) decode what h
 models' canonical shape: an input payload, a summarize request, a context operation;
 :func:`built` turns it into the same models without a second validation. The accumulator
 keeps an input payload as a :data:`Payload` Struct with the model's values (no model at
-all), and a sink that does not read an operation's payload leaves it unbuilt. Whatever the
+all), the summarize stage a request as a :data:`Request` Struct (its batches Payloads),
+and a sink that does not read an operation's payload leaves it unbuilt. Whatever the
 Structs do not take goes to pydantic, for its model or its one-line refusal.
 tests/unit/test_fast_exact.py and test_fast_decode.py prove the two paths agree.
 """

@@ -9,8 +9,8 @@ again (O(1) per action, not O(K)). The indexes are slots: a summarize request
 leaves its batches where they are and the next batches reuse indexes from 0,
 so no batch costs a deletion until the session's close deletes its slots. They
 are stored as the JSON they are re-emitted as, so the hot path never
-re-validates them. A payload arrives as a
-:class:`schemas.fast.Payload` Struct: no pydantic model is built per payload.
+re-validates them. A payload arrives as a :class:`schemas.fast.Payload` Struct:
+no pydantic model is built per payload.
 """
 
 from __future__ import annotations
