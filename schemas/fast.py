@@ -130,7 +130,8 @@ def _values(s: Any) -> Payload:
 
 
 def payload_of(struct: Any) -> ActionsPayload:
-    """The :class:`ActionsPayload` of a decoded :data:`ExactPayload`, not validated again."""
+    """The :class:`ActionsPayload` of a decoded :data:`ExactPayload` or a :data:`Payload`, not
+    validated again."""
     fields = asdict(_values(struct))
     fields["actions"] = [built(SlimAction, asdict(a), _ACTION_FIELDS) for a in struct.actions]
     return built(ActionsPayload, fields, _PAYLOAD_FIELDS)
