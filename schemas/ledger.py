@@ -2,7 +2,7 @@
 
 A summary is a model's paraphrase and can drop or garble facts; the ledger
 cannot. The summarize stage counts every batch of each request it takes into it
-(:func:`update_ledger`, O(1) per action, bounded bytes;
+(:func:`count_batches`, O(1) per action, bounded bytes;
 ``agents.summarize.state.count_facts``), it travels with every summary, and every
 sink shows it beside the summary (:meth:`SessionLedger.render`).
 
@@ -37,7 +37,6 @@ __all__ = [
     "SessionLedger",
     "count_batches",
     "new_ledger",
-    "update_ledger",
 ]
 
 ENTRY_MAX_CHARS = 120
@@ -175,18 +174,6 @@ def _page(url: str) -> str:
 def _keep_last(entries: list[dict[str, Any]], keep: int) -> None:
     if len(entries) > keep:
         del entries[: len(entries) - keep]
-
-
-def update_ledger(
-    ledger: dict[str, Any],
-    actions: Sequence[SlimAction],  # or their Structs (schemas.fast.Action)
-    seq_from: int,
-    limits: LedgerLimits,
-    now: float,
-) -> None:
-    """Count one batch of actions, numbered from ``seq_from``, into ``ledger`` (in place);
-    an action without timestamps counts at ``now``."""
-    count_batches(ledger, ((actions, now),), seq_from, limits)
 
 
 def count_batches(

@@ -15,11 +15,11 @@ from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.summarize.state import SummaryState, count_facts
 from schemas import ActionsPayload, SlimAction, SummarizeRequest, decode
 from schemas.fast import payload_struct
-from schemas.ledger import LedgerLimits, SessionLedger, count_batches, new_ledger, update_ledger
+from schemas.ledger import LedgerLimits, SessionLedger, count_batches, new_ledger
 
 
 def counted_from_input(payloads: list[ActionsPayload], limits: LedgerLimits) -> dict[str, object]:
-    """The facts computed independently of ``update_ledger``, straight from the actions."""
+    """The facts computed independently of ``count_batches``, straight from the actions."""
     actions = [a for p in payloads for a in p.actions]
     texts = [f"{a.type}: {a.title} {a.description}" for a in actions]
     return {
@@ -96,7 +96,7 @@ def test_the_ledger_stays_bounded_and_its_page_counts_add_up() -> None:
                 ],
             }
         ).actions
-        update_ledger(ledger, actions, batch * 10 + 1, limits, now=1.0)
+        count_batches(ledger, [(actions, 1.0)], batch * 10 + 1, limits)
         sizes.append(len(orjson.dumps(ledger)))
     parsed = SessionLedger.model_validate(ledger)
     assert parsed.actions == 10_000 and len(parsed.pages) == 5
@@ -155,7 +155,7 @@ def test_the_ledger_renders_compactly_in_good_english() -> None:
             ],
         }
     ).actions
-    update_ledger(ledger, action, 1, LedgerLimits(), now=0.0)
+    count_batches(ledger, [(action, 0.0)], 1, LedgerLimits())
     assert SessionLedger.model_validate(ledger).render() == (
         "Session facts (counted from every action, not written by the model):\n"
         "- 1 action in 1 batch, 2023-11-14 22:13:20 to 22:14:50 UTC (1m30s)\n"
@@ -183,7 +183,7 @@ def _push(entries: list[dict[str, Any]], entry: dict[str, Any], keep: int) -> No
 def _per_action(
     ledger: dict[str, Any], actions: list[Any], seq_from: int, limits: Any, now: float
 ) -> None:
-    """The oracle: 873a9aa's ``update_ledger``, every total and bound applied per action."""
+    """The oracle: 873a9aa's ledger update, every total and bound applied per action."""
     from schemas.ledger import _entry, _page
 
     if not actions:
@@ -236,7 +236,7 @@ _action = st.fixed_dictionaries(
     now=st.sampled_from([0.0, 9.0]),
 )
 @settings(max_examples=300, deadline=None)
-def test_update_ledger_is_the_per_action_ledger(
+def test_counting_batch_by_batch_is_the_per_action_ledger(
     batches: list[list[dict[str, Any]]], bounds: tuple[int, int, int], now: float
 ) -> None:
     top_pages, errors, key_actions = bounds
@@ -244,7 +244,7 @@ def test_update_ledger_is_the_per_action_ledger(
     fast, oracle, seq = new_ledger(), new_ledger(), 1
     for batch in batches:
         actions = ActionsPayload.model_validate({"session_id": "s", "actions": batch}).actions
-        update_ledger(fast, actions, seq, limits, now)
+        count_batches(fast, [(actions, now)], seq, limits)
         _per_action(oracle, actions, seq, limits, now)
         seq += len(actions)
         assert orjson.dumps(fast) == orjson.dumps(oracle)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import ActionsPayload, InvalidMessage, decode
-from schemas.ledger import LedgerLimits, SessionLedger, new_ledger, update_ledger
+from schemas.ledger import LedgerLimits, SessionLedger, count_batches, new_ledger
 from schemas.text import printable
 
 ACTION_FIELDS = (
@@ -193,7 +193,7 @@ def test_control_and_bidi_characters_are_escaped_in_what_destinations_get() -> N
     assert printable("tab\tand\nnewline\r") == "tab\tand\nnewline\\x0d"
     assert printable(printable(hostile)) == printable(hostile)  # escaping twice changes nothing
     ledger = new_ledger()
-    update_ledger(ledger, payload.actions, 1, LedgerLimits(), now=0.0)
+    count_batches(ledger, [(payload.actions, 0.0)], 1, LedgerLimits())
     rendered = SessionLedger.model_validate(ledger).render()
     assert all(ch in "\n" or ch.isprintable() for ch in rendered), rendered
 
