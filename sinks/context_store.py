@@ -1,20 +1,31 @@
-"""Sink contexts in a table, with O(1) changelog bytes per operation.
+"""Sink contexts in a table, with O(1) changelog records per operation.
 
-A session's context is kept as a header (everything but the raw batches: the
-summary, high-water marks, the sink's ``extra``) under the session id, and each
-raw batch under ``batch_key(session, seq_from)``. Saving writes only what an
-operation changed: a batch that follows the last one is written alone (loading
-walks on from the header's range: the header holds the summary and ``extra``, and
-rewriting it per batch was most of a save); anything else writes the header too,
-and tombstones for the batches a summary now covers; the window is never rewritten whole.
-``save`` and ``erase`` return the writes; the caller commits them with the
-operation (``streams._faust.commit``: crash-safe order, then the input's ack).
+A session's context is stored as a header under the session id (everything but the raw
+batches kept in slots: the summary, high-water marks, the sink's ``extra``, and the
+batches the last summary left, inline) and its later raw batches in slots,
+``batch_key(session, "s<n>")``, numbered from 0 again after each summary. ``save``
+writes what an operation changed, in one of three ways:
+
+1. A batch right after the last one: its slot alone. Loading walks on from the
+   header's slots while the next slot holds the batch that follows, of its generation.
+2. A summary, a new generation or the close: the header alone, with the batches that
+   remain inline and no slot in use; the next batches overwrite the slots from 0, so a
+   summary writes no tombstone. The close deletes the slots the session used.
+3. Anything else (the sink's ``extra``, a gap in the numbers): the new batches in the
+   next slots, then the header.
+
+Each save's writes are in crash-safe order (slots, the header that lists them, then
+deletions), and a sink logs them in the order they were made (``WriteBehind``'s
+``order_of=None``): a slot is overwritten only after the header that let go of it.
+``save`` and ``erase`` return the writes; the caller commits them with the operation
+(``streams._faust.commit``: crash-safe order, then the input's ack).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import orjson
 from faust.types import TableT
@@ -31,6 +42,21 @@ __all__ = ["ContextStore"]
 
 # The header's fields that are models (the rest are plain JSON values).
 _NESTED: dict[str, type[BaseModel]] = {"ledger": SessionLedger, "previous": SessionContext}
+
+
+class _Layout(NamedTuple):
+    """Where a context's batches are stored."""
+
+    inline: int  # the window's first ``inline`` batches are in the header, the rest in slots
+    used: int  # slots written since the close (each deleted at the next close or erasure)
+    legacy: tuple[int, ...] = ()  # a context stored before slots: its batches' keys
+
+
+_FRESH = _Layout(0, 0)
+
+
+def _slot_key(session_id: str, slot: int) -> str:
+    return batch_key(session_id, f"s{slot}")
 
 
 class ContextStore:
@@ -58,7 +84,7 @@ class ContextStore:
         still pending); the store's values by default."""
         self._app, self._table = app, table
         self._get = read or stores.read
-        self._cache: OrderedDict[str, SessionContext] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[SessionContext, _Layout]] = OrderedDict()
         # The JSON of a cached context's ledger and earlier visit, by session: they change
         # once per summary, and dumping them per operation was 9% of a sink (py-spy).
         self._nested: dict[tuple[str, str], tuple[BaseModel, orjson.Fragment]] = {}
@@ -75,19 +101,27 @@ class ContextStore:
             self._cache.clear()
             self._nested.clear()
             self._generation = self._app.consumer_generation_id
-        context = self._cache.get(session_id)
-        if context is None:
-            context = self._read(session_id)
-            self._remember(context)
+        cached = self._cache.get(session_id)
+        if cached is None:
+            cached = self._read(session_id)
+            self._remember(*cached)
         else:
             self._cache.move_to_end(session_id)
-        return context
+        return cached[0]
 
-    def _remember(self, context: SessionContext) -> None:
-        self._cache[context.session_id] = context
+    def _remember(self, context: SessionContext, layout: _Layout) -> None:
+        self._cache[context.session_id] = (context, layout)
         if len(self._cache) > self._cache_size:
             gone, _ = self._cache.popitem(last=False)
             self._forget_nested(gone)
+
+    def _layout(self, context: SessionContext) -> _Layout:
+        """How ``context`` is stored: known if it is the one cached, else read (the cache
+        let it go, or a rebalance dropped it, while its operation was at the sink)."""
+        cached = self._cache.get(context.session_id)
+        if cached is not None and cached[0] is context:
+            return cached[1]
+        return self._read(context.session_id)[1]
 
     def _forget_nested(self, session_id: str) -> None:
         for name in _NESTED:
@@ -103,16 +137,42 @@ class ContextStore:
         self._nested[(session_id, name)] = (value, dumped)
         return dumped
 
-    def _read(self, session_id: str) -> SessionContext:
+    def _read(self, session_id: str) -> tuple[SessionContext, _Layout]:
         raw = self._get(self._table, session_id)
         if raw is None:
-            return SessionContext(session_id=session_id)
+            return SessionContext(session_id=session_id), _FRESH
         header = orjson.loads(raw)
+        if "slots" not in header:
+            return self._read_legacy(session_id, header)
+        batches = [Batch.model_construct(**fields) for fields in header.pop("inline")]
+        listed, used = header.pop("slots"), header.pop("slots_used")
+        generation, inline = header["generation"], len(batches)
+        next_seq = header["actions_to"] + 1
+        slot = 0
+        while (stored := self._get(self._table, _slot_key(session_id, slot))) is not None:
+            fields = orjson.loads(stored)  # written by save() below
+            # Past the header's slots only the batch that follows, of its generation: an
+            # older one is a batch a summary or the close let go of.
+            if fields.pop("generation") != generation:
+                break
+            if slot >= listed and fields["seq_from"] != next_seq:
+                break
+            batch = Batch.model_construct(**fields)
+            batches.append(batch)
+            next_seq, slot = max(next_seq, batch.seq_to + 1), slot + 1
+        header["actions_to"] = next_seq - 1
+        return self._context(header, batches), _Layout(inline, max(used, slot))
+
+    def _read_legacy(
+        self, session_id: str, header: dict[str, Any]
+    ) -> tuple[SessionContext, _Layout]:
+        """A header stored before slots: batches under ``batch_key(session, seq_from)``
+        from its ``first_batch``; they move inline at the next save, which deletes them."""
         stored_to, generation = header["actions_to"], header["generation"]
         seq = header.pop("first_batch", 0) or stored_to + 1
         batches = []
         while (stored := self._get(self._table, batch_key(session_id, seq))) is not None:
-            fields = orjson.loads(stored)  # written by save() below
+            fields = orjson.loads(stored)
             # Past the header's range only a batch of its generation, written by save()
             # alone: a stale one (a crash before its tombstone) ends the window there.
             if fields.pop("generation", None if seq > stored_to else generation) != generation:
@@ -122,42 +182,65 @@ class ContextStore:
             seq = batch.seq_to + 1
         if batches:
             header["actions_to"] = max(stored_to, batches[-1].seq_to)
+        legacy = tuple(b.seq_from for b in batches)
+        return self._context(header, batches), _Layout(len(batches), 0, legacy)
+
+    @staticmethod
+    def _context(header: dict[str, Any], batches: list[Batch]) -> SessionContext:
         for name, model in _NESTED.items():  # written as JSON by save(): validate those back
             if header.get(name) is not None:
                 header[name] = model.model_validate(header[name])
         return SessionContext.model_construct(**header, batches=batches)
 
     def save(self, before: SessionContext, after: SessionContext) -> list[Write]:
-        """The writes from ``before`` to ``after``: new batches, the header, deletions of
-        the batches it no longer lists (committed in that crash-safe order: a header
-        whose first batch is gone lost every batch after it on load). At worst, batch
-        entries nothing refers to any more stay behind (only after a crash)."""
-        sid, table, generation = after.session_id, self._table, after.generation
-        new, deleted = _changed_batches(before, after)
-        writes: list[Write] = [
-            (
-                table,
-                batch_key(sid, b.seq_from),
-                orjson.dumps({**b.__dict__, "generation": generation}),
-            )
-            for b in new
-        ]
-        if not _appended_only(before, after, new, deleted):
-            header = {k: v for k, v in after.__dict__.items() if k != "batches"}
-            for name in _NESTED:
-                if header[name] is not None:
-                    header[name] = self._nested_json(sid, name, header[name])
-            header["first_batch"] = after.batches[0].seq_from if after.batches else 0
-            writes.append((table, sid, orjson.dumps(header)))
-        writes += [(table, batch_key(sid, batch.seq_from), None) for batch in deleted]
+        """The writes from ``before`` to ``after``, by the module's three ways, each in
+        crash-safe order: new slots, the header that lists them, then deletions."""
+        sid, table = after.session_id, self._table
+        old = self._layout(before)
+        new = _appended(before, after)
+        writes: list[Write] = []
+        if new is None or old.legacy or after.closed:  # 2. the header alone
+            layout = _Layout(len(after.batches), 0 if after.closed else old.used)
+            writes.append((table, sid, self._header(after, layout)))
+            if after.closed:
+                writes += [(table, _slot_key(sid, n), None) for n in range(old.used)]
+            writes += [(table, batch_key(sid, seq), None) for seq in old.legacy]
+        else:
+            first = len(before.batches) - old.inline  # the next free slot
+            generation = after.generation
+            writes += [
+                (
+                    table,
+                    _slot_key(sid, first + n),
+                    orjson.dumps({**b.__dict__, "generation": generation}),
+                )
+                for n, b in enumerate(new)
+            ]
+            used = first + len(new)
+            layout = old if used <= old.used else _Layout(old.inline, used)
+            if not _follows(before, after, new):  # 3. the new slots, then the header
+                writes.append((table, sid, self._header(after, layout)))
         if self._generation == self._app.consumer_generation_id:
-            self._remember(after)
+            self._remember(after, layout)
         return writes
 
+    def _header(self, context: SessionContext, layout: _Layout) -> bytes:
+        sid = context.session_id
+        header = {k: v for k, v in context.__dict__.items() if k != "batches"}
+        for name in _NESTED:
+            if header[name] is not None:
+                header[name] = self._nested_json(sid, name, header[name])
+        header["inline"] = [b.__dict__ for b in context.batches[: layout.inline]]
+        header["slots"] = len(context.batches) - layout.inline
+        header["slots_used"] = layout.used
+        return orjson.dumps(header)
+
     def erase(self, context: SessionContext) -> list[Write]:
-        """Tombstones for the session's header and each of its batches: nothing stays."""
+        """Tombstones for every slot the session used, its header: nothing stays."""
         sid, table = context.session_id, self._table
-        writes: list[Write] = [(table, batch_key(sid, b.seq_from), None) for b in context.batches]
+        layout = self._layout(context)
+        writes: list[Write] = [(table, _slot_key(sid, n), None) for n in range(layout.used)]
+        writes += [(table, batch_key(sid, seq), None) for seq in layout.legacy]
         writes.append((table, sid, None))
         self._cache.pop(sid, None)
         self._forget_nested(sid)
@@ -165,7 +248,7 @@ class ContextStore:
             # What the table holds once the tombstones are in: a later operation of the
             # session in the same inline batch must not load the erased context
             # (test_context.py: test_an_erased_context_is_not_loaded_before_its_tombstones_are_in).
-            self._remember(SessionContext(session_id=sid))
+            self._remember(SessionContext(session_id=sid), _FRESH)
         return writes
 
 
@@ -175,39 +258,25 @@ _HEADER_KEPT = tuple(
 )
 
 
-def _appended_only(
-    before: SessionContext, after: SessionContext, new: list[Batch], deleted: list[Batch]
-) -> bool:
+def _appended(before: SessionContext, after: SessionContext) -> list[Batch] | None:
+    """The batches ``after`` adds after ``before``'s, or None if it drops any (a summary
+    drops a prefix; a new generation replaces them all). Contexts share their batches
+    (``SessionContext._copy``): a kept first batch is the same object."""
+    old, now = before.batches, after.batches
+    if after.generation != before.generation or len(now) < len(old):
+        return None
+    if old and now[0] is not old[0]:
+        return None
+    return now[len(old) :]
+
+
+def _follows(before: SessionContext, after: SessionContext, new: list[Batch]) -> bool:
     """Whether ``after`` is ``before`` and one batch right after its last action: then the
     stored header stays as it is, and loading finds the batch by walking on from it. A
     session's first batch writes the header (the pull view answers 404 without one)."""
-    if deleted or len(new) != 1 or not before.actions_to:
+    if len(new) != 1 or not before.actions_to:
         return False
     if new[0].seq_from != before.actions_to + 1:
         return False  # a gap (an operation dead-lettered): the walk would stop at it
     old, now = before.__dict__, after.__dict__
     return all(old[k] is now[k] or old[k] == now[k] for k in _HEADER_KEPT)
-
-
-def _changed_batches(
-    before: SessionContext, after: SessionContext
-) -> tuple[list[Batch], list[Batch]]:
-    """The batches ``after`` added and the ones it dropped, in O(changes), not O(window).
-
-    Within a generation ``after``'s batches are a suffix of ``before``'s (a summary
-    drops a prefix) followed by new ones, all in ``seq_from`` order; a new
-    generation replaces them all.
-    """
-    if before.generation != after.generation:
-        overwritten = {b.seq_from for b in after.batches}  # same keys: no tombstone needed
-        return list(after.batches), [b for b in before.batches if b.seq_from not in overwritten]
-    old, now = before.batches, after.batches
-    first_kept = now[0].seq_from if now else None
-    dropped = 0
-    while dropped < len(old) and (first_kept is None or old[dropped].seq_from < first_kept):
-        dropped += 1
-    last_old = old[-1].seq_from if old else -1
-    added = len(now)
-    while added > 0 and now[added - 1].seq_from > last_old:
-        added -= 1
-    return now[added:], old[:dropped]

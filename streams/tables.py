@@ -41,7 +41,7 @@ SCAN_YIELD_EVERY = 500  # entries between yields to the event loop while scannin
 log = logging.getLogger(__name__)
 
 
-def batch_key(session_id: str, index: int) -> str:
+def batch_key(session_id: str, index: int | str) -> str:
     return f"{session_id}{KEY_SEPARATOR}{index}"
 
 

@@ -21,7 +21,7 @@ import orjson
 
 from scripts.bench.baselines import bench_sdk
 from scripts.bench.measure import Workers, new_run, settings_of, wait_healthy, wait_metric
-from scripts.bench.workload import produce_records
+from scripts.bench.workload import changelog_records, produce_records
 
 
 def operations(
@@ -100,7 +100,12 @@ async def bench_sink_once(
             workers.stop_profiles()
     finally:
         workers.stop()
-    return {"rate": args.actions_total / (done - start), "cpu": cpu * 1e6 / args.actions_total}
+    logged = await changelog_records(args.bootstrap, env["AC_APP_ID"])
+    return {
+        "rate": args.actions_total / (done - start),
+        "cpu": cpu * 1e6 / args.actions_total,
+        "logged": logged / len(records),
+    }
 
 
 async def run_sink(args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int) -> None:
@@ -115,6 +120,7 @@ async def run_sink(args: argparse.Namespace, payloads: list[dict[str, Any]], act
             found = await bench_sink_once(args, records, written, summaries, tree)
             print(
                 f"{args.sink} sink from {tree}: {found['rate']:,.0f} actions/s, "
-                f"{found['cpu']:.1f} us of CPU per action ({found['cpu'] / sdk_cpu:.2f}x the SDK's)",
+                f"{found['cpu']:.1f} us of CPU per action ({found['cpu'] / sdk_cpu:.2f}x the SDK's), "
+                f"{found['logged']:.2f} changelog records per operation",
                 flush=True,
             )

@@ -77,9 +77,10 @@ async def outputs_acknowledged(acks: Iterable[Awaitable[Any]]) -> None:
         await ack
 
 
-def log_writes(app: Any, writes: Sequence[Any], rank: Rank = session_rank) -> Written:
-    """Step 3: produce ``writes``' changelog records in crash-safe order."""
-    return changelog.write_all(app, crash_safe_order(writes, rank))
+def log_writes(app: Any, writes: Sequence[Any], rank: Rank | None = session_rank) -> Written:
+    """Step 3: produce ``writes``' changelog records in crash-safe order (``rank`` None:
+    they are in it, made so by their writer, e.g. ``sinks.context_store``)."""
+    return changelog.write_all(app, writes if rank is None else crash_safe_order(writes, rank))
 
 
 async def commit(

@@ -53,7 +53,8 @@ class WriteBehind:
     """Ordered, pipelined "emit, then record" for one agent's tables.
 
     ``max_units`` bounds how many sealed units may wait for the broker: sealing
-    one more waits for room, which back-pressures the stream.
+    one more waits for room, which back-pressures the stream. ``order_of`` ranks a
+    unit's writes for the changelog (``crash_safe_order``); None logs them as made.
     """
 
     def __init__(
@@ -62,7 +63,7 @@ class WriteBehind:
         *,
         max_units: int = 32,
         on_error: Callable[[str, BaseException], Awaitable[None]],
-        order_of: Rank = session_rank,
+        order_of: Rank | None = session_rank,
     ) -> None:
         self._app = app
         self._on_error = on_error

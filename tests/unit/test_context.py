@@ -11,7 +11,8 @@ import pytest
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
 from schemas.ledger import SessionLedger
 from sinks.context import SessionContext, Skip
-from sinks.context_store import ContextStore, _changed_batches
+from sinks.context_store import ContextStore
+from streams._faust.commit import crash_safe_order, session_rank
 
 
 def written(a: int, b: int, generation: int = 0) -> ActionsWritten:
@@ -125,27 +126,6 @@ def test_the_context_survives_its_table_encoding() -> None:
     assert SessionContext.from_bytes(came_back.to_bytes()) == came_back
 
 
-def test_a_save_writes_only_the_batches_an_operation_added_or_dropped() -> None:
-    """What ``ContextStore.save`` writes, replayed onto a store of batch keys, is the
-    context's window; and a step touches only what it changed, however long the window."""
-    ops = [written(n, n) for n in range(1, 41)]  # a window of 40: summaries trail the actions
-    ops += [summary(30), written(41, 42), summary(42), written(43, 43)]
-    ops += [written(1, 2, generation=7), written(3, 3, generation=7)]  # the session came back
-    stored: set[int] = set()
-    ctx = SessionContext(session_id="s")
-    for op in ops:
-        after = ctx.advanced(op)
-        added, dropped = _changed_batches(ctx, after)
-        stored -= {b.seq_from for b in dropped}
-        stored |= {b.seq_from for b in added}
-        assert stored == {b.seq_from for b in after.batches}, op
-        if op.generation == ctx.generation and isinstance(op, ActionsWritten):
-            assert (added, dropped) == ([after.batches[-1]], [])
-        elif op.generation == ctx.generation:  # a summary: the batches it covers go
-            assert (added, dropped) == ([], ctx.batches[: len(ctx.batches) - len(after.batches)])
-        ctx = after
-
-
 def test_a_transition_equals_pydantics_copy() -> None:
     """``SessionContext._copy`` builds the copy itself (not ``model_copy``): same model."""
     ctx = SessionContext(session_id="s", extra={"notes": [1]}, refused=["r"])
@@ -237,23 +217,119 @@ def test_a_batch_after_the_last_is_saved_alone_and_loaded_by_walking_on() -> Non
     assert header_writes == [1, 0, 0, 1, 0, 1, 0, 0, 1]
 
 
-def test_a_stale_batch_past_the_headers_range_is_not_taken() -> None:
-    """After a crash between a header and its tombstones, a batch of the session's earlier
-    visit (or one stored before batches carried their generation) may sit right after the
-    header's range: the window ends there, it does not take that batch in."""
-    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
-    store = ContextStore(cast(Any, app), cast(Any, table))
+def _store(table: _Table | None = None) -> tuple[ContextStore, _Table]:
+    table = table or _Table()
+    return ContextStore(
+        cast(Any, SimpleNamespace(consumer_generation_id=1)), cast(Any, table)
+    ), table
+
+
+def _fresh_load(table: _Table) -> SessionContext:
+    return _store(table)[0].load("s")
+
+
+def test_an_operation_writes_one_record_and_a_summary_frees_the_slots_for_the_next() -> None:
+    """A summary writes its header alone (no tombstone per batch it covers): the next
+    batches overwrite the slots from 0. However long the window and however many
+    summaries, each step is one record and the table holds the longest window's slots."""
+    ops: list[Any] = [written(n, n) for n in range(1, 41)]  # a window of 40: summaries trail
+    ops += [summary(30), written(41, 42), summary(42), written(43, 43)]
+    for n in range(44, 200):
+        ops += [written(n, n), summary(n)] if n % 10 == 0 else [written(n, n)]
+    ops += [written(1, 2, generation=7), written(3, 3, generation=7)]  # the session came back
+    store, table = _store()
     ctx = store.load("s")
-    for op in (written(1, 2), written(3, 4)):
+    for op in ops:
+        after = ctx.advanced(op)
+        writes = store.save(ctx, after)
+        assert len(writes) == (2 if ctx.actions_to == 0 else 1), op  # the first: slot and header
+        _apply(table, writes)
+        assert _fresh_load(table) == after, op
+        ctx = after
+    assert set(table.values) == {"s"} | {f"s\x1fs{n}" for n in range(40)}
+
+
+def test_the_close_and_an_erasure_delete_every_slot_the_session_used() -> None:
+    store, table = _store()
+    ctx = store.load("s")
+    for op in [*(written(n, n) for n in range(1, 8)), summary(5), written(8, 9), summary(9)]:
         _apply(table, store.save(ctx, after := ctx.advanced(op)))
         ctx = after
-    came_back = ctx.advanced(written(1, 2, generation=8))
-    writes = store.save(ctx, came_back)
-    _apply(table, [w for w in writes if w[2] is not None])  # the tombstone of 3-4 is lost
-    assert "s\x1f3" in table.values
-    assert ContextStore(cast(Any, app), cast(Any, table)).load("s") == came_back
-    table.values["s\x1f3"] = b'{"seq_from":3,"seq_to":4,"text":"old format"}'
-    assert ContextStore(cast(Any, app), cast(Any, table)).load("s") == came_back
+    assert len(table.values) == 1 + 7  # the header; 7 slots, the longest window
+    closed = ctx.advanced(summary(9, "done", final=True))
+    _apply(table, store.save(ctx, closed))
+    assert set(table.values) == {"s"} and _fresh_load(table) == closed
+    came_back = closed.advanced(written(1, 2, generation=3))
+    _apply(table, store.save(closed, came_back))
+    store, _ = _store(table)  # a store that loads it: the layout read back
+    loaded = store.load("s")
+    _apply(table, store.save(loaded, again := loaded.advanced(written(3, 3, generation=3))))
+    assert _fresh_load(table) == again and "s\x1fs0" in table.values
+    _apply(table, store.erase(store.load("s")))
+    assert table.values == {}
+
+
+def test_writes_logged_in_the_order_they_were_made_are_consistent_at_every_prefix() -> None:
+    """A crash keeps a prefix of a session's changelog records. Logged as made, every
+    prefix loads as a context the operations went through; reordered the way
+    ``session_rank`` orders a unit (slots first), a slot freed by a summary is overwritten
+    before the header that freed it, and a prefix loads a window that never was."""
+    ops: list[Any] = [written(1, 2), written(3, 3), summary(3), written(4, 5), written(6, 6)]
+    ops += [summary(5), written(7, 7), summary(7, "done", final=True), written(1, 1, generation=2)]
+    store, _ = _store()
+    ctx, states, made = store.load("s"), [SessionContext(session_id="s")], []
+    for op in ops:
+        after = ctx.advanced(op)
+        made += store.save(ctx, after)
+        states.append(ctx := after)
+
+    def prefixes_load_as_states(writes: list[Any]) -> bool:
+        for end in range(len(writes) + 1):
+            table = _Table()
+            _apply(table, writes[:end])
+            if table.values and _fresh_load(table) not in states:
+                return False
+        return True
+
+    assert prefixes_load_as_states(made)
+    assert not prefixes_load_as_states(list(crash_safe_order(made, session_rank)))
+
+
+def test_stale_slots_after_a_summary_or_a_new_visit_are_not_taken() -> None:
+    """Slots a summary or a new generation let go of keep their batches until they are
+    overwritten: loading walks on only to the batch that follows, of its generation."""
+    store, table = _store()
+    ctx = store.load("s")
+    for op in (written(1, 2), written(3, 4), written(5, 5), summary(4)):
+        _apply(table, store.save(ctx, after := ctx.advanced(op)))
+        ctx = after
+    assert "s\x1fs2" in table.values and _fresh_load(table) == ctx  # 5-5 inline, slots 0-2 stale
+    came_back = ctx.advanced(written(5, 6, generation=8))  # 5-6 again: in another generation
+    _apply(table, store.save(ctx, came_back))
+    table.values["s\x1fs0"] = orjson.dumps(
+        {"seq_from": 7, "seq_to": 7, "text": "x", "generation": 0}
+    )
+    assert _fresh_load(table) == came_back
+
+
+def test_a_context_stored_before_slots_moves_inline_and_its_batch_keys_go() -> None:
+    """A header written before slots (its batches under their first action's number)
+    loads as it was; its next save writes the header with them inline and deletes them."""
+    table = _Table()
+    header = {"session_id": "s", "generation": 2, "summary": "sum", "summary_to": 2}
+    header |= {"actions_to": 5, "first_batch": 3, "ledger": None, "previous": None}
+    table.values["s"] = orjson.dumps(header)
+    for a, b in ((3, 4), (5, 5)):
+        fields = {"seq_from": a, "seq_to": b, "text": f"{a}-{b}", "generation": 2}
+        table.values[f"s\x1f{a}"] = orjson.dumps(fields)
+    store, _ = _store(table)
+    before = store.load("s")
+    after = before.advanced(written(6, 6, generation=2))
+    _apply(table, store.save(before, after))
+    assert set(table.values) == {"s"} and _fresh_load(table) == after
+    again = after.advanced(written(7, 7, generation=2))
+    _apply(table, store.save(after, again))
+    assert set(table.values) == {"s", "s\x1fs0"} and _fresh_load(table) == again
 
 
 def test_a_context_stored_before_batches_carried_their_generation_loads_as_it_was() -> None:
