@@ -21,6 +21,7 @@ import orjson
 
 from scripts.bench.baselines import bench_sdk
 from scripts.bench.measure import Workers, new_run, settings_of, wait_healthy, wait_metric
+from scripts.bench.throughput import changelog_bytes
 from scripts.bench.workload import changelog_records, produce_records
 
 
@@ -105,6 +106,7 @@ async def bench_sink_once(
         "rate": args.actions_total / (done - start),
         "cpu": cpu * 1e6 / args.actions_total,
         "logged": logged / len(records),
+        "bytes": changelog_bytes(args.bootstrap, env["AC_APP_ID"]) / len(records),
     }
 
 
@@ -121,6 +123,6 @@ async def run_sink(args: argparse.Namespace, payloads: list[dict[str, Any]], act
             print(
                 f"{args.sink} sink from {tree}: {found['rate']:,.0f} actions/s, "
                 f"{found['cpu']:.1f} us of CPU per action ({found['cpu'] / sdk_cpu:.2f}x the SDK's), "
-                f"{found['logged']:.2f} changelog records per operation",
+                f"{found['logged']:.2f} changelog records ({found['bytes']:,.0f} bytes) per operation",
                 flush=True,
             )
