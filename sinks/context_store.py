@@ -23,6 +23,7 @@ deletions), and a sink logs them in the order they were made (``WriteBehind``'s
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -252,9 +253,10 @@ class ContextStore:
         return writes
 
 
-# What a header holds that a batch appended after the last one leaves as it was.
-_HEADER_KEPT = tuple(
-    name for name in SessionContext.model_fields if name not in ("batches", "actions_to")
+# What a header holds that a batch appended after the last one leaves as it was: as a
+# tuple, compared field by field, each by identity first (a tuple's ``==``), in C.
+_HEADER_KEPT = operator.itemgetter(
+    *(name for name in SessionContext.model_fields if name not in ("batches", "actions_to"))
 )
 
 
@@ -278,5 +280,4 @@ def _follows(before: SessionContext, after: SessionContext, new: list[Batch]) ->
         return False
     if new[0].seq_from != before.actions_to + 1:
         return False  # a gap (an operation dead-lettered): the walk would stop at it
-    old, now = before.__dict__, after.__dict__
-    return all(old[k] is now[k] or old[k] == now[k] for k in _HEADER_KEPT)
+    return _HEADER_KEPT(before.__dict__) == _HEADER_KEPT(after.__dict__)
