@@ -15,8 +15,8 @@ writes what an operation changed, in one of three ways:
    next slots, then the header.
 
 Each save's writes are in crash-safe order (slots, the header that lists them, then
-deletions), and a sink logs them in the order they were made (``WriteBehind``'s
-``order_of=None``): a slot is overwritten only after the header that let go of it.
+deletions), and they are logged in the order they were made (``streams._faust.commit``):
+a slot is overwritten only after the header that let go of it.
 ``save`` and ``erase`` return the writes; the caller commits them with the operation
 (``streams._faust.commit``: crash-safe order, then the input's ack).
 """

@@ -39,8 +39,8 @@ class TableBatches:
     """The ``BatchStore`` of the session transitions, over the sessions table.
 
     Changes are staged until ``commit``: a payload that is dead-lettered after
-    its transition ran must leave the store as it was (``discard``). A deletion
-    is a tombstone on commit, which the crash-safe order writes after the session entry.
+    its transition ran must leave the store as it was (``discard``). ``commit`` writes
+    them around the session's entry in crash-safe order (``streams._faust.commit``).
     """
 
     def __init__(self, table: TableT[str, bytes], writes: WriteBehind) -> None:
@@ -69,9 +69,19 @@ class TableBatches:
         for index in range(end):
             self._staged[batch_key(session_id, index)] = None
 
-    def commit(self) -> None:
+    def commit(self, session_id: str, entry: bytes | None) -> None:
+        """The staged batches, the session's ``entry`` (None deletes it) that refers to
+        them, then the deletions of what it no longer refers to: a crash keeps a prefix
+        (test_session_state.py: test_a_change_is_written_batches_entry_then_deletions)."""
+        writes, table, deleted = self._writes, self._table, []
         for key, body in self._staged.items():
-            self._writes.set(self._table, key, body)
+            if body is None:
+                deleted.append(key)
+            else:
+                writes.set(table, key, body)
+        writes.set(table, session_id, entry)
+        for key in deleted:
+            writes.set(table, key, None)
         self._staged.clear()
 
     def discard(self) -> None:

@@ -11,7 +11,8 @@ One table, keyed by session: a small entry per session under its id, and
 each un-summarised batch once under ``batch_key(session, slot)`` (slots reused
 after each summarize request, deleted at the close), so the changelog grows by
 O(1) per action, and all of a session's records are on one changelog partition
-in the order they were written (the crash-safe order relies on that).
+in the order they were written: a crash keeps a prefix of each unit's writes, made
+in crash-safe order (``TableBatches.commit``).
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ class Accumulator:
             pii=pii if pii is not None and pii.destinations else None,
         )
         self.sessions = sessions = session_keyed_table(app, "sessions")
-        # Crash-safe order (streams._faust.commit.session_rank): batches, session entry, deletions.
         self.writes = writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.store = TableBatches(sessions, writes)
         self.decoded = DecodedStates()
@@ -108,9 +108,10 @@ class Accumulator:
         existed: bool = True,
         state: SessionState | None = None,
     ) -> None:
-        """``state``: what ``raw`` encodes, kept for the session's next payload."""
+        """The session's entry ``raw`` with the batches it staged (``TableBatches.commit``);
+        ``state``: what ``raw`` encodes, kept for the session's next payload."""
         writes = self.writes
-        writes.set(self.sessions, session_id, raw)
+        self.store.commit(session_id, raw)
         if state is not None and raw is not None:
             self.decoded.keep(session_id, cast(bytes, writes.get(self.sessions, session_id)), state)
         if existed != (raw is not None):
@@ -172,7 +173,6 @@ class Accumulator:
                 store.discard()
                 await dead_letters.write(message, too_large)
                 continue
-            store.commit()
             self.save(sid, raw, existed=not is_new, state=state)
             emissions.extend((sid, e) for e in out)
             applied += len(payload.actions)
@@ -188,7 +188,6 @@ class Accumulator:
         state = self.load(sid)
         if state is not None:
             self.store.delete(sid, state.slots_used)  # tombstones on commit
-            self.store.commit()
             self.save(sid, None)
             self.debouncing.discard(sid)
         log.warning(
@@ -209,7 +208,6 @@ class Accumulator:
 
     async def close_session(self, sid: str, state: SessionState, now: float) -> None:
         await self.emit((sid, e) for e in close_idle(state, sid, self.limits, now, self.store))
-        self.store.commit()
         self.save(sid, None)
         await self.writes.seal()
         self.debouncing.discard(sid)
@@ -256,7 +254,6 @@ class Accumulator:
                 if debounce_due(state, self.limits, now):
                     flushed = flush_debounce(state, self.limits, now, self.store)
                     await self.emit((sid, e) for e in flushed)
-                    self.store.commit()
                     self.save(sid, state.to_bytes(), state=state)
                     await self.writes.seal()
                     self.debouncing.discard(sid)

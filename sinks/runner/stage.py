@@ -83,9 +83,7 @@ class SinkStage:
         self.contexts = session_keyed_table(app, "contexts")
         self.dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
         # An inline sink's writes are made durable behind it (feed_inline); its loads see them.
-        # Logged as made: a context's slot is overwritten only after the header that let go
-        # of it (sinks.context_store; test_context.py: ..._in_the_order_they_were_made).
-        self.writes = WriteBehind(app, on_error=app.crash_on_lane_error, order_of=None)
+        self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.inline = getattr(sink, "inline", False)
         self.reads_payload = getattr(sink, "reads_payload", True)  # a plug-in may read it
         if self.inline:  # its changelog gates only its inputs' acks: fewer, larger requests

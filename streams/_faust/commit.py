@@ -7,10 +7,11 @@ may commit the input's offset. Written once; every stage uses it.
    (a summarize request, after the batches it covers: ``chaos.py --cluster``,
    tests/unit/test_write_behind.py) are produced only now, and acknowledged before
    anything is logged.
-3. Table writes logged in crash-safe order (:func:`crash_safe_order`): new entries,
-   then the entry that refers to them, then deletions of what nothing refers to. A
+3. Table writes logged in the order they were made, which each writer makes
+   crash-safe: new entries, then the entry that refers to them, then deletions of
+   what nothing refers to (``TableBatches.commit``, ``ContextStore.save``). A
    session's records share one changelog partition, where a crash loses only a
-   suffix, so whatever survives is consistent.
+   suffix, so whatever survives is a state the writer went through.
 4. Changelog acknowledged: the broker has those records, and only then does the
    store apply them (``changelog.write``): the store stays a prefix of the changelog.
 5. Input acknowledged, in offset order (``InOrderAcks``, ``BatchSource.ack``): only
@@ -31,43 +32,10 @@ from faust.types import TableT
 
 from streams._faust import changelog, stores
 from streams._faust.changelog import Written
-from streams._faust.raw_table import KEY_SEPARATOR
 
-__all__ = ["Write", "commit", "crash_safe_order", "log_writes", "outputs_acknowledged"]
+__all__ = ["Write", "commit", "log_writes", "outputs_acknowledged"]
 
 Write = tuple[TableT[str, bytes], str, "bytes | None"]  # table, key, value (None deletes)
-Rank = Callable[[str, "bytes | None"], int]
-
-
-def session_rank(key: str, value: bytes | None) -> int:
-    """A session-keyed table's order: its batch entries, the session entry that refers
-    to them, then deletions of batch entries (tests/integration/test_pipeline.py, kill -9)."""
-    if KEY_SEPARATOR in key:
-        return 0 if value is not None else 2
-    return 1
-
-
-def crash_safe_order(writes: Sequence[Any], rank: Rank = session_rank) -> Sequence[Any]:
-    """``writes`` (tuples starting ``table, key, value``) sorted by ``rank``, stable.
-
-    A unit's writes are not atomic: ranked so that any prefix is consistent, and
-    kept on one changelog partition (a session-keyed table), a crash loses only a
-    suffix and no write waits for another's acknowledgement. If a key's later write
-    would move before an earlier one (a deletion, then a new value), the writes keep
-    their own order.
-    """
-    by_rank: dict[int, list[Any]] = {}  # ranks are few: buckets, not a sort
-    last_rank: dict[tuple[int, str], int] = {}
-    for write in writes:
-        table, key, value = write[0], write[1], write[2]
-        position = rank(key, value)
-        if last_rank.setdefault((id(table), key), position) > position:
-            return writes  # reordering would swap this key's writes
-        last_rank[(id(table), key)] = position
-        by_rank.setdefault(position, []).append(write)
-    if len(by_rank) <= 1:
-        return writes
-    return [write for position in sorted(by_rank) for write in by_rank[position]]
 
 
 async def outputs_acknowledged(acks: Iterable[Awaitable[Any]]) -> None:
@@ -77,10 +45,9 @@ async def outputs_acknowledged(acks: Iterable[Awaitable[Any]]) -> None:
         await ack
 
 
-def log_writes(app: Any, writes: Sequence[Any], rank: Rank | None = session_rank) -> Written:
-    """Step 3: produce ``writes``' changelog records in crash-safe order (``rank`` None:
-    they are in it, made so by their writer, e.g. ``sinks.context_store``)."""
-    return changelog.write_all(app, writes if rank is None else crash_safe_order(writes, rank))
+def log_writes(app: Any, writes: Sequence[Any]) -> Written:
+    """Step 3: produce ``writes``' changelog records, in the order they were made."""
+    return changelog.write_all(app, writes)
 
 
 async def commit(

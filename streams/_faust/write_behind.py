@@ -29,7 +29,7 @@ from faust.types import TableT
 
 from streams._faust import changelog, stores
 from streams._faust.changelog import Written
-from streams._faust.commit import Rank, log_writes, outputs_acknowledged, session_rank
+from streams._faust.commit import log_writes, outputs_acknowledged
 from streams.app import ContextApp
 
 __all__ = ["WriteBehind"]
@@ -53,8 +53,7 @@ class WriteBehind:
     """Ordered, pipelined "emit, then record" for one agent's tables.
 
     ``max_units`` bounds how many sealed units may wait for the broker: sealing
-    one more waits for room, which back-pressures the stream. ``order_of`` ranks a
-    unit's writes for the changelog (``crash_safe_order``); None logs them as made.
+    one more waits for room, which back-pressures the stream.
     """
 
     def __init__(
@@ -63,11 +62,9 @@ class WriteBehind:
         *,
         max_units: int = 32,
         on_error: Callable[[str, BaseException], Awaitable[None]],
-        order_of: Rank | None = session_rank,
     ) -> None:
         self._app = app
         self._on_error = on_error
-        self._order_of = order_of
         self._overlay: dict[tuple[int, str], tuple[bytes | None, int]] = {}
         self._version = 0
         self._unit = _Unit()
@@ -161,7 +158,7 @@ class WriteBehind:
         # replayed (tests/unit/test_write_behind.py, "deferred").
         await outputs_acknowledged(deferred)
         for unit in units:
-            unit.changelog = log_writes(self._app, unit.writes, self._order_of)
+            unit.changelog = log_writes(self._app, unit.writes)
             await self._recorded.put(unit)
 
     async def _acknowledge(self, units: list[_Unit]) -> None:

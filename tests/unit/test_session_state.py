@@ -325,12 +325,31 @@ def test_the_table_store_writes_no_tombstone_until_the_close() -> None:
         state, _ = apply_payload(
             state, payload(2, start=2 * n), offset=n, limits=limits, now=0.0, store=store
         )
-        store.commit()
+        store.commit("s1", state.to_bytes())
     assert state is not None and state.batch_slots == 2
     # The second batch of each request is taken in its own change: never written.
-    assert [key for key, _ in writes.log] == [batch_key("s1", 0)] * 4
-    assert all(value is not None for _, value in writes.log)
+    batches = [(key, value) for key, value in writes.log if key != "s1"]
+    assert [key for key, _ in batches] == [batch_key("s1", 0)] * 4
+    assert all(value is not None for _, value in batches)
     writes.log.clear()
     close_idle(state, "s1", limits, 400.0, store)
-    store.commit()
-    assert writes.log == [(batch_key("s1", 0), None), (batch_key("s1", 1), None)]
+    store.commit("s1", None)
+    assert writes.log == [("s1", None), (batch_key("s1", 0), None), (batch_key("s1", 1), None)]
+
+
+def test_a_change_is_written_batches_entry_then_deletions() -> None:
+    """A crash keeps a prefix of a session's records (they are logged as made): the new
+    batches come before the entry that refers to them, the deletions after the entry that
+    no longer does (an entry left without its pending batches could never be closed)."""
+    writes = RecordedWrites()
+    store = TableBatches(cast(Any, object()), cast(Any, writes))
+    store.delete("s1", 2)
+    store.put("s1", 0, b"new")  # a slot deleted, then written anew in the same change
+    store.put("s1", 2, b"more")
+    store.commit("s1", b"entry")
+    assert writes.log == [
+        (batch_key("s1", 0), b"new"),
+        (batch_key("s1", 2), b"more"),
+        ("s1", b"entry"),
+        (batch_key("s1", 1), None),
+    ]
