@@ -31,9 +31,8 @@ from typing import Any
 from faust.types import TableT
 
 from streams._faust import changelog, stores
-from streams._faust.changelog import Written
 
-__all__ = ["Write", "commit", "log_writes", "outputs_acknowledged"]
+__all__ = ["Write", "commit", "outputs_acknowledged"]
 
 Write = tuple[TableT[str, bytes], str, "bytes | None"]  # table, key, value (None deletes)
 
@@ -43,11 +42,6 @@ async def outputs_acknowledged(acks: Iterable[Awaitable[Any]]) -> None:
     round share one)."""
     for ack in dict.fromkeys(acks):
         await ack
-
-
-def log_writes(app: Any, writes: Sequence[Any]) -> Written:
-    """Step 3: produce ``writes``' changelog records, in the order they were made."""
-    return changelog.write_all(app, writes)
 
 
 async def commit(
@@ -61,5 +55,5 @@ async def commit(
     ``acknowledge`` runs once its work is durable."""
     await outputs_acknowledged(outputs)
     compacted = [(table, key, stores.compact(value)) for table, key, value in writes]
-    await changelog.confirm(log_writes(app, compacted))  # steps 3 and 4
+    await changelog.confirm(changelog.write_all(app, compacted))  # steps 3 and 4
     await acknowledge()

@@ -29,7 +29,7 @@ from faust.types import TableT
 
 from streams._faust import changelog, stores
 from streams._faust.changelog import Written
-from streams._faust.commit import log_writes, outputs_acknowledged
+from streams._faust.commit import outputs_acknowledged
 from streams.app import ContextApp
 
 __all__ = ["WriteBehind"]
@@ -158,7 +158,7 @@ class WriteBehind:
         # replayed (tests/unit/test_write_behind.py, "deferred").
         await outputs_acknowledged(deferred)
         for unit in units:
-            unit.changelog = log_writes(self._app, unit.writes)
+            unit.changelog = changelog.write_all(self._app, unit.writes)
             await self._recorded.put(unit)
 
     async def _acknowledge(self, units: list[_Unit]) -> None:

@@ -153,20 +153,15 @@ class _Table:
 def test_a_saved_context_loads_back_with_the_ledger_it_had_then() -> None:
     """The header's ledger is dumped once per ledger (``ContextStore._nested_json``), and
     what is stored is always the context's own: each save, loaded by a fresh store."""
-    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
-    store = ContextStore(cast(Any, app), cast(Any, table))
+    store, table = _store()
     first, second = (SessionLedger(actions=n, pages={f"/p{n}": n}) for n in (2, 5))
     ops = [written(1, 2), with_ledger(summary(2), first), written(3, 5)]
     ops += [with_ledger(summary(5), second), written(6, 6), written(1, 1, generation=3)]
     ctx = store.load("s")
     for op in ops:
         after = ctx.advanced(op)
-        for _, key, value in store.save(ctx, after):
-            if value is None:
-                table.values.pop(key, None)
-            else:
-                table.values[key] = value
-        assert ContextStore(cast(Any, app), cast(Any, table)).load("s") == after, op
+        _apply(table, store.save(ctx, after))
+        assert _fresh_load(table) == after, op
         ctx = after
 
 
@@ -177,8 +172,7 @@ def with_ledger(op: SummaryReady, ledger: SessionLedger) -> SummaryReady:
 def test_an_erased_context_is_not_loaded_before_its_tombstones_are_in() -> None:
     """An inline sink applies a batch before its writes are in the table: an operation
     after an erasure in the same batch starts from nothing, not from the erased context."""
-    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
-    store = ContextStore(cast(Any, app), cast(Any, table))
+    store, table = _store()
     ctx = store.load("s")
     after = ctx.advanced(written(1, 2))
     for _, key, value in store.save(ctx, after):
@@ -199,8 +193,7 @@ def _apply(table: _Table, writes: list[Any]) -> None:
 def test_a_batch_after_the_last_is_saved_alone_and_loaded_by_walking_on() -> None:
     """An append writes its batch record only (not the header with the summary and the
     sink's ``extra``); what a fresh store loads is still the whole context."""
-    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
-    store = ContextStore(cast(Any, app), cast(Any, table))
+    store, table = _store()
     ops: list[Any] = [written(1, 2), written(3, 3), written(4, 6), summary(3), written(7, 7)]
     ops += [summary(7), written(8, 9), written(10, 10), written(1, 1, generation=5)]
     header_writes = []
@@ -210,7 +203,7 @@ def test_a_batch_after_the_last_is_saved_alone_and_loaded_by_walking_on() -> Non
         writes = store.save(ctx, after)
         header_writes.append(sum(key == "s" for _, key, _ in writes))
         _apply(table, writes)
-        assert ContextStore(cast(Any, app), cast(Any, table)).load("s") == after, op
+        assert _fresh_load(table) == after, op
         ctx = after
     # The first batch, each summary and the new generation write the header; appends do not.
     assert header_writes == [1, 0, 0, 1, 0, 1, 0, 0, 1]
@@ -333,13 +326,13 @@ def test_a_context_stored_before_slots_moves_inline_and_its_batch_keys_go() -> N
 
 
 def test_a_context_stored_before_batches_carried_their_generation_loads_as_it_was() -> None:
-    app, table = SimpleNamespace(consumer_generation_id=1), _Table()
+    table = _Table()
     header = {"session_id": "s", "generation": 2, "summary": "sum", "summary_to": 2}
     header |= {"actions_to": 5, "first_batch": 3, "ledger": None, "previous": None}
     table.values["s"] = orjson.dumps(header)
     for a, b in ((3, 4), (5, 5)):
         table.values[f"s\x1f{a}"] = orjson.dumps({"seq_from": a, "seq_to": b, "text": f"{a}-{b}"})
-    loaded = ContextStore(cast(Any, app), cast(Any, table)).load("s")
+    loaded = _fresh_load(table)
     assert [(b.seq_from, b.seq_to) for b in loaded.batches] == [(3, 4), (5, 5)]
     assert (loaded.actions_to, loaded.summary, loaded.generation) == (5, "sum", 2)
 
