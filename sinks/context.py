@@ -11,11 +11,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import msgspec
 import orjson
-from pydantic import BaseModel, Field
 
 from schemas import ActionsWritten, SummaryReady
-from schemas.fast import built
 from schemas.ledger import SessionLedger
 from streams.errors import AgentContextError
 
@@ -29,7 +28,7 @@ __all__ = [
 ]
 
 
-class Batch(BaseModel):
+class Batch(msgspec.Struct, kw_only=True):
     seq_from: int
     seq_to: int
     text: str
@@ -39,13 +38,16 @@ class Skip(AgentContextError):
     """The operation was applied before (a redelivery) or belongs to an older generation."""
 
 
-class SessionContext(BaseModel):
+class SessionContext(msgspec.Struct, kw_only=True):
+    """A session's context: a msgspec Struct, built once per operation at a sink (a pydantic
+    model cost a third of a null sink's own path: docs/decisions.md, "sink contexts")."""
+
     session_id: str
     generation: int = 0
     summary: str | None = None
     summary_to: int = 0  # the summary covers actions 1..summary_to
     actions_to: int = 0  # highest action sequence number applied
-    batches: list[Batch] = Field(default_factory=list)
+    batches: list[Batch] = msgspec.field(default_factory=list)
     closed: bool = False
     summaries: int = 0  # how many summaries this context has taken (for operators)
     ledger: SessionLedger | None = None  # the facts up to summary_to (schemas.ledger)
@@ -53,17 +55,30 @@ class SessionContext(BaseModel):
     # so its history stays in the context and its final summary, which may arrive
     # after the new generation's first batches, still replaces its raw batches.
     previous: SessionContext | None = None
-    extra: dict[str, Any] = Field(default_factory=dict)
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
     # Operations the sink refused (dead-lettered), by ``refused_key``: a re-drive of
     # one of these is applied again, although the high-water marks are past it.
-    refused: list[str] = Field(default_factory=list)
+    refused: list[str] = msgspec.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The context as JSON values (the ledger as its model dumps it)."""
+        return msgspec.to_builtins(self, enc_hook=_ledger_json)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionContext:
+        """What :meth:`to_json` gave, validated (unknown fields ignored)."""
+        return msgspec.convert(data, cls, dec_hook=_ledger_model)
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps(self.model_dump(mode="json"))
+        return orjson.dumps(self.to_json())
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> SessionContext:
-        return cls.model_validate(orjson.loads(raw))
+        return cls.from_json(orjson.loads(raw))
+
+    def copy(self) -> SessionContext:
+        """A deep copy, for a sink that may change it."""
+        return copy.deepcopy(self)
 
     def advanced(self, op: ActionsWritten | SummaryReady) -> SessionContext:
         """The context after ``op``; raises :class:`Skip` if ``op`` was applied already.
@@ -82,7 +97,7 @@ class SessionContext(BaseModel):
         if op.generation > self.generation:  # the session came back after it expired
             # ``extra`` is carried over: the sink decides what of its bookkeeping
             # outlives a generation (e.g. the session's Intercom conversation).
-            earlier = self.model_copy(update={"previous": None, "extra": {}, "refused": []})
+            earlier = _replace(self, previous=None, extra={}, refused=[])
             base = SessionContext(
                 session_id=self.session_id,
                 generation=op.generation,
@@ -93,9 +108,7 @@ class SessionContext(BaseModel):
         if isinstance(op, ActionsWritten):
             if op.seq_to <= base.actions_to:
                 raise Skip(f"actions up to {op.seq_to} applied already")
-            batch = built(
-                Batch, {"seq_from": op.seq_from, "seq_to": op.seq_to, "text": op.text}, _BATCH
-            )
+            batch = Batch(seq_from=op.seq_from, seq_to=op.seq_to, text=op.text)
             return base._copy(actions_to=op.seq_to, batches=[*base.batches, batch])
         # A final with the range of the summary before it closes the session (it went
         # idle right after that summary); anything else up to summary_to is a replay.
@@ -116,9 +129,7 @@ class SessionContext(BaseModel):
         """A copy with ``changes``: the sink's ``extra`` copied deep (a sink may change it),
         the batches shared, never changed in place (test_context.py: ..._shares_batches...)."""
         extra = copy.deepcopy(self.extra) if self.extra else {}
-        # Not ``model_copy``: its generic copy was most of a transition (py-spy; same result,
-        # test_context.py: test_a_transition_equals_pydantics_copy).
-        return built(SessionContext, {**self.__dict__, "extra": extra, **changes}, _CONTEXT)
+        return _replace(self, extra=extra, **changes)
 
     def summary_text(self) -> str:
         """The summary part of the context: the earlier visit's, then this one's, each
@@ -141,8 +152,21 @@ class SessionContext(BaseModel):
         return "\n\n".join(parts) + ("\n" if parts else "")
 
 
-_BATCH = frozenset(Batch.model_fields)
-_CONTEXT = frozenset(SessionContext.model_fields)
+_replace = msgspec.structs.replace
+
+
+def _ledger_json(value: Any) -> Any:
+    if isinstance(value, SessionLedger):
+        return value.model_dump(mode="json")
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+
+
+def _ledger_model(kind: type, value: Any) -> Any:
+    if kind is SessionLedger:
+        return SessionLedger.model_validate(value)
+    raise NotImplementedError(f"cannot decode {kind}")
+
+
 REFUSED_KEPT = 10_000  # per session; the oldest are forgotten (their re-drive is skipped)
 
 

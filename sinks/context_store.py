@@ -30,9 +30,8 @@ from typing import Any, NamedTuple
 
 import orjson
 from faust.types import TableT
-from pydantic import BaseModel
+from msgspec.structs import asdict
 
-from schemas.ledger import SessionLedger
 from sinks.context import Batch, SessionContext
 from streams._faust import stores
 from streams._faust.commit import Write
@@ -41,8 +40,10 @@ from streams.tables import batch_key
 
 __all__ = ["ContextStore"]
 
-# The header's fields that are models (the rest are plain JSON values).
-_NESTED: dict[str, type[BaseModel]] = {"ledger": SessionLedger, "previous": SessionContext}
+# The header's nested fields (the rest are plain JSON values): the ledger and the earlier
+# visit, each dumped once per value (``ContextStore._nested_json``).
+_NESTED = ("ledger", "previous")
+_FIELDS = frozenset(SessionContext.__struct_fields__)
 
 
 class _Layout(NamedTuple):
@@ -88,7 +89,7 @@ class ContextStore:
         self._cache: OrderedDict[str, tuple[SessionContext, _Layout]] = OrderedDict()
         # The JSON of a cached context's ledger and earlier visit, by session: they change
         # once per summary, and dumping them per operation was 9% of a sink (py-spy).
-        self._nested: dict[tuple[str, str], tuple[BaseModel, orjson.Fragment]] = {}
+        self._nested: dict[tuple[str, str], tuple[Any, orjson.Fragment]] = {}
         self._cache_size = cache_size
         self._generation: int | None = None
 
@@ -128,13 +129,14 @@ class ContextStore:
         for name in _NESTED:
             self._nested.pop((session_id, name), None)
 
-    def _nested_json(self, session_id: str, name: str, value: BaseModel) -> orjson.Fragment:
+    def _nested_json(self, session_id: str, name: str, value: Any) -> orjson.Fragment:
         """``value``'s JSON, dumped again only when it is another object (contexts are
         immutable: an unchanged ledger is the same object in the next context)."""
         cached = self._nested.get((session_id, name))
         if cached is not None and cached[0] is value:
             return cached[1]
-        dumped = orjson.Fragment(orjson.dumps(value.model_dump(mode="json")))
+        json = value.to_json() if name == "previous" else value.model_dump(mode="json")
+        dumped = orjson.Fragment(orjson.dumps(json))
         self._nested[(session_id, name)] = (value, dumped)
         return dumped
 
@@ -145,7 +147,7 @@ class ContextStore:
         header = orjson.loads(raw)
         if "slots" not in header:
             return self._read_legacy(session_id, header)
-        batches = [Batch.model_construct(**fields) for fields in header.pop("inline")]
+        batches = [Batch(**fields) for fields in header.pop("inline")]
         listed, used = header.pop("slots"), header.pop("slots_used")
         generation, inline = header["generation"], len(batches)
         next_seq = header["actions_to"] + 1
@@ -158,7 +160,7 @@ class ContextStore:
                 break
             if slot >= listed and fields["seq_from"] != next_seq:
                 break
-            batch = Batch.model_construct(**fields)
+            batch = Batch(**fields)
             batches.append(batch)
             next_seq, slot = max(next_seq, batch.seq_to + 1), slot + 1
         header["actions_to"] = next_seq - 1
@@ -178,7 +180,7 @@ class ContextStore:
             # alone: a stale one (a crash before its tombstone) ends the window there.
             if fields.pop("generation", None if seq > stored_to else generation) != generation:
                 break
-            batch = Batch.model_construct(**fields)
+            batch = Batch(**fields)
             batches.append(batch)
             seq = batch.seq_to + 1
         if batches:
@@ -188,10 +190,11 @@ class ContextStore:
 
     @staticmethod
     def _context(header: dict[str, Any], batches: list[Batch]) -> SessionContext:
-        for name, model in _NESTED.items():  # written as JSON by save(): validate those back
-            if header.get(name) is not None:
-                header[name] = model.model_validate(header[name])
-        return SessionContext.model_construct(**header, batches=batches)
+        """The context of a header written by save() (fields it does not know ignored)."""
+        header["batches"] = []
+        context = SessionContext.from_json({k: v for k, v in header.items() if k in _FIELDS})
+        context.batches = batches  # already decoded
+        return context
 
     def save(self, before: SessionContext, after: SessionContext) -> list[Write]:
         """The writes from ``before`` to ``after``, by the module's three ways, each in
@@ -213,7 +216,14 @@ class ContextStore:
                 (
                     table,
                     _slot_key(sid, first + n),
-                    orjson.dumps({**b.__dict__, "generation": generation}),
+                    orjson.dumps(
+                        {
+                            "seq_from": b.seq_from,
+                            "seq_to": b.seq_to,
+                            "text": b.text,
+                            "generation": generation,
+                        }
+                    ),
                 )
                 for n, b in enumerate(new)
             ]
@@ -227,11 +237,12 @@ class ContextStore:
 
     def _header(self, context: SessionContext, layout: _Layout) -> bytes:
         sid = context.session_id
-        header = {k: v for k, v in context.__dict__.items() if k != "batches"}
+        header = asdict(context)
+        del header["batches"]
         for name in _NESTED:
             if header[name] is not None:
                 header[name] = self._nested_json(sid, name, header[name])
-        header["inline"] = [b.__dict__ for b in context.batches[: layout.inline]]
+        header["inline"] = [asdict(b) for b in context.batches[: layout.inline]]
         header["slots"] = len(context.batches) - layout.inline
         header["slots_used"] = layout.used
         return orjson.dumps(header)
@@ -255,8 +266,8 @@ class ContextStore:
 
 # What a header holds that a batch appended after the last one leaves as it was: as a
 # tuple, compared field by field, each by identity first (a tuple's ``==``), in C.
-_HEADER_KEPT = operator.itemgetter(
-    *(name for name in SessionContext.model_fields if name not in ("batches", "actions_to"))
+_HEADER_KEPT = operator.attrgetter(
+    *(name for name in SessionContext.__struct_fields__ if name not in ("batches", "actions_to"))
 )
 
 
@@ -280,4 +291,4 @@ def _follows(before: SessionContext, after: SessionContext, new: list[Batch]) ->
         return False
     if new[0].seq_from != before.actions_to + 1:
         return False  # a gap (an operation dead-lettered): the walk would stop at it
-    return _HEADER_KEPT(before.__dict__) == _HEADER_KEPT(after.__dict__)
+    return _HEADER_KEPT(before) == _HEADER_KEPT(after)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec.structs import asdict
+
 from schemas import InvalidMessage, SessionErased, SessionLink, decode
 from schemas.fast import decode_context_message
 from sinks.base import Operation
@@ -56,7 +58,7 @@ def pull_view(context: SessionContext) -> dict[str, Any]:
         "actions_applied": context.actions_to,
         "closed": context.closed,
         "ledger": context.ledger.model_dump() if context.ledger else None,
-        "actions": [b.model_dump() for b in context.batches],
+        "actions": [asdict(b) for b in context.batches],
         "previous": None
         if previous is None
         else {
@@ -66,7 +68,7 @@ def pull_view(context: SessionContext) -> dict[str, Any]:
             "actions_applied": previous.actions_to,
             "closed": previous.closed,
             "ledger": previous.ledger.model_dump() if previous.ledger else None,
-            "actions": [b.model_dump() for b in previous.batches],
+            "actions": [asdict(b) for b in previous.batches],
         },
         "text": context.render(),
     }

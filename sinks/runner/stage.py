@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+import msgspec
 from faust.types import Message
 from faust.web import Request, Response, View
 from tenacity import (
@@ -280,7 +281,7 @@ class SinkStage:
         sink = self.sink
         assert isinstance(sink, LinkAwareSink)
         before = self.store.load(session_id)
-        context = before.model_copy(deep=True)  # the sink may change its ``extra``
+        context = before.copy()  # the sink may change its ``extra``
         self.lanes.mark(session_id, "delivering a link")
         try:
             await self.deliver(lambda: sink.link(session_id, link.conversation_id, context))
@@ -319,9 +320,8 @@ def _for_redrive(before: SessionContext, op: Operation) -> SessionContext:
     key = refused_key(op)
     if key not in before.refused:
         raise Skip(f"{key} is not refused")
-    return before.model_copy(
-        update={
-            "refused": [k for k in before.refused if k != key],
-            "extra": copy.deepcopy(before.extra),  # the sink may change it
-        }
+    return msgspec.structs.replace(
+        before,
+        refused=[k for k in before.refused if k != key],
+        extra=copy.deepcopy(before.extra),  # the sink may change it
     )

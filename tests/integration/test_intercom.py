@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -115,7 +116,7 @@ class MiniRunner:
             self.saved[op.session_id] = context
 
     async def link(self, sid: str, conv: str, *, save: bool = True) -> None:
-        context = self.load(sid).model_copy(deep=True)
+        context = self.load(sid).copy()
         await self._retry(lambda: self.sink.link(sid, conv, context))
         if save:
             self.saved[sid] = context
@@ -310,7 +311,7 @@ async def test_actions_before_the_link_are_posted_as_one_note_when_it_arrives() 
         assert markers(server.visible_notes("c9")) == [("summary", 1, 10)]
         # The same link replayed by a new process (crash before the save): no second catch-up.
         restarted = MiniRunner(make_sink(server))
-        restarted.saved = {"s": runner.saved["s"].model_copy(update={"extra": {}}, deep=True)}
+        restarted.saved = {"s": msgspec.structs.replace(runner.saved["s"].copy(), extra={})}
         posted = len(server.notes("c9"))
         await restarted.link("s", "c9")
         assert len(server.notes("c9")) == posted

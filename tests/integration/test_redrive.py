@@ -187,7 +187,7 @@ async def test_a_redriven_summary_after_a_catch_up_is_not_posted_twice() -> None
         assert server.notes("c1") == []
         server.add_conversation("c1")
         for op in ops:  # the re-drive: each op with the current context
-            context = context.model_copy(deep=True)
+            context = context.copy()
             await sink.apply(op, context)
         assert markers(server.visible_notes("c1")) == [("catch-up", 1, 6)]
         [note] = server.visible_notes("c1")

@@ -125,16 +125,17 @@ def test_the_context_survives_its_table_encoding() -> None:
     assert SessionContext.from_bytes(came_back.to_bytes()) == came_back
 
 
-def test_a_transition_equals_pydantics_copy() -> None:
-    """``SessionContext._copy`` builds the copy itself (not ``model_copy``): same model."""
+def test_a_transition_is_a_copy_with_the_sinks_bookkeeping_its_own() -> None:
+    """``SessionContext._copy``: every field as the constructor sets it, ``extra`` a copy."""
     ctx = SessionContext(session_id="s", extra={"notes": [1]}, refused=["r"])
     for op in [written(1, 2), written(3, 3), summary(2), written(4, 5)]:
         after = ctx.advanced(op)
-        expected = ctx.model_copy(
-            update={k: getattr(after, k) for k in SessionContext.model_fields}
+        expected = SessionContext(
+            **{k: getattr(after, k) for k in SessionContext.__struct_fields__}
         )
-        assert after == expected and after.model_dump() == expected.model_dump()
+        assert after == expected and after.to_json() == expected.to_json()
         assert after.extra == ctx.extra and after.extra is not ctx.extra
+        assert after is not ctx and ctx.refused == ["r"]
         ctx = after
 
 
