@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-class Batch(msgspec.Struct, kw_only=True):
+class Batch(msgspec.Struct, kw_only=True, gc=False):  # ints and a str: never in a cycle
     seq_from: int
     seq_to: int
     text: str

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -358,3 +359,43 @@ def test_a_context_evicted_while_its_writes_are_pending_loads_from_them() -> Non
     assert store.load("a") == contexts["a"]  # "a" left the cache when "b" came in
     # The pull view asks ``get`` whether a session has a context: it has one already.
     assert store.get("b") is not None and store.get("c") is None
+
+
+def _stored_steps() -> list[tuple[Any, dict[str, Any]]]:
+    """Operations with what a sink puts in ``extra`` after each: every kind of save."""
+    first, second = (SessionLedger(actions=n, pages={f"/p{n}": n}) for n in (2, 6))
+    return [
+        (written(1, 2), {"note": [1, 2]}),
+        (with_ledger(summary(2), first), {}),
+        (written(3, 4), {}),
+        (written(6, 6), {}),  # a gap: the header too
+        (with_ledger(summary(6), second), {"note": "after"}),
+        (written(7, 7), {}),
+        (written(1, 3, generation=4), {}),  # came back: the earlier visit nested
+        (summary(7, "late final", final=True), {}),  # the earlier visit's late final
+        (written(4, 4, generation=4), {}),
+        (summary(4, "closed").model_copy(update={"generation": 4, "final": True}), {}),
+    ]
+
+
+def _writes_of(store: ContextStore, table: _Table) -> list[list[Any]]:
+    steps, ctx = [], store.load("s")
+    for op, extra in _stored_steps():
+        after = ctx.advanced(op)
+        after.extra.update(extra)
+        writes = store.save(ctx, after)
+        _apply(table, writes)
+        steps.append([[key, None if value is None else value.decode()] for _, key, value in writes])
+        ctx = after
+    return steps
+
+
+GOLDEN = Path(__file__).parent / "data" / "context_writes.json"
+
+
+def test_a_context_is_stored_byte_for_byte_as_the_pydantic_model_stored_it() -> None:
+    """The Struct context (session 25) writes the records the pydantic model wrote (the
+    golden file, from e1d3724): a rolling upgrade or a rollback reads the other's table."""
+    store, table = _store()
+    assert _writes_of(store, table) == orjson.loads(GOLDEN.read_bytes())
+    assert _fresh_load(table).closed and _fresh_load(table).previous is not None
