@@ -40,7 +40,8 @@ class Skip(AgentContextError):
 
 class SessionContext(msgspec.Struct, kw_only=True):
     """A session's context: a msgspec Struct, built once per operation at a sink (a pydantic
-    model cost a third of a null sink's own path: docs/decisions.md, "sink contexts")."""
+    model cost a third of a null sink's own path: docs/decisions.md, "A sink's context is a
+    msgspec Struct"). Stored as the model was, byte for byte (test_context.py, golden file)."""
 
     session_id: str
     generation: int = 0

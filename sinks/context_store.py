@@ -216,14 +216,7 @@ class ContextStore:
                 (
                     table,
                     _slot_key(sid, first + n),
-                    orjson.dumps(
-                        {
-                            "seq_from": b.seq_from,
-                            "seq_to": b.seq_to,
-                            "text": b.text,
-                            "generation": generation,
-                        }
-                    ),
+                    orjson.dumps({**asdict(b), "generation": generation}),
                 )
                 for n, b in enumerate(new)
             ]
