@@ -32,6 +32,7 @@ from faust.transport.consumer import Consumer
 from faust.types import TP, Message
 
 from streams._faust import divert
+from streams._faust.consumer import ack_all
 from streams.observe import metrics
 from streams.observe.lag import consumption_starts, tables_recovered
 
@@ -59,11 +60,14 @@ class BatchSource:
         divert.divert(topic.get_topic_name(), self._take)
         self._acknowledged = metrics.RECORDS_ACKNOWLEDGED.labels(topic.get_topic_name())
 
-    def _take(self, consumer: Consumer, _: TP, message: Message) -> None:
-        tp = TP(message.topic, message.partition)  # Faust's (the fetch's is aiokafka's)
-        consumer.track_message(message)  # a rebalance waits until it is acknowledged
-        self._buffer.append(message)
+    def _take(self, consumer: Consumer, fetched: TP, messages: list[Message]) -> None:
+        """One partition's fetched records (``divert``), tracked and buffered in order."""
+        track = consumer.track_message  # a rebalance waits until each is acknowledged
+        for message in messages:
+            track(message)
+        self._buffer.extend(messages)
         self._ready.set()
+        tp = TP(fetched.topic, fetched.partition)  # Faust's (the fetch's is aiokafka's)
         if len(self._buffer) >= self.max_buffered and tp not in self._paused:
             self._paused.add(tp)
             consumer.on_buffer_full(tp)
@@ -141,6 +145,5 @@ class BatchSource:
 
     def ack_all(self, messages: Iterable[Message]) -> None:
         """:meth:`ack` each of ``messages``, in order (one call per unit, not a coroutine each)."""
-        ack = self.app.consumer.ack  # False for a record already acknowledged
-        if acknowledged := sum(map(ack, messages)):
+        if acknowledged := ack_all(self.app.consumer, messages):
             self._acknowledged.inc(acknowledged)

@@ -18,16 +18,17 @@ the worker dropped from its group. Nothing in these workers blocks the loop;
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, Consumer
-from faust.types import TP
-from mode.utils.futures import maybe_async
+from faust.types import TP, Message
+from faust.types.tuples import ack_lock
+from mode.utils.futures import maybe_async, notify
 from mode.utils.times import Seconds, want_seconds
 
-__all__ = ["MainLoopConsumer", "committed_offset"]
+__all__ = ["MainLoopConsumer", "ack_all", "committed_offset"]
 
 
 class _MainLoopConsumerThread(AIOKafkaConsumerThread):
@@ -87,3 +88,35 @@ def committed_offset(app: faust.App, tp: TP) -> int | None:
     offsets: Any = getattr(app.consumer, "_committed_offset", {})
     value = offsets.get(tp)  # .get: the mapping is a defaultdict, don't grow it
     return int(value) if value is not None else None
+
+
+def ack_all(consumer: Any, messages: Iterable[Message]) -> int:
+    """Faust 0.15.3's ``Consumer.ack`` for each of ``messages``, under one lock and one
+    wake-up of its waiters: the number acknowledged now (not before).
+
+    Per record, Faust's took its lock, looked up the topic and woke its waiters: 4% of
+    a null sink's CPU (py-spy; test_batch_source.py).
+    """
+    acking = consumer.app.topics.acks_enabled_for
+    committed, indexes, acked = consumer._committed_offset, consumer._acked_index, consumer._acked
+    unacked = consumer._unacked_messages
+    count = 0
+    with ack_lock:
+        for message in messages:
+            if message.acked:
+                continue
+            message.acked = True
+            if not acking(message.topic):
+                continue
+            tp, offset = message.tp, message.offset
+            start = committed[tp]
+            if start is None or offset >= start:
+                index = indexes[tp]
+                if offset not in index:
+                    unacked.discard(message)
+                    index.add(offset)
+                    acked[tp].append(offset)
+                    count += 1
+        consumer._n_acked += count
+        notify(consumer._waiting_for_ack)
+    return count

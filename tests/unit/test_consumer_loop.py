@@ -63,3 +63,48 @@ async def test_the_fetch_loops_yield_is_a_plain_yield(tmp_path: Path) -> None:
     assert waited == []
     await consumer.sleep(0.001)  # a real sleep still ends early when the consumer stops
     assert waited == ["stopped"]
+
+
+def _messages(topic: str) -> list[Any]:
+    """A partition's records as Faust's driver makes them, one offset twice (a re-fetch)."""
+    from faust.types import TP, ConsumerMessage
+
+    tp = TP(topic, 0)
+    offsets = [3, 4, 5, 5, 6, 9]
+    return [ConsumerMessage(topic, 0, o, 0.0, 0, None, b"k", b"v", None, 1, 1, tp) for o in offsets]
+
+
+async def test_acks_in_bulk_leave_the_consumer_as_faust_s_own_acks_do(tmp_path: Path) -> None:
+    """``ack_all`` against Faust's ``Consumer.ack`` one record at a time: the same acked
+    offsets, count, records no longer pending, flags; offsets below the commit ignored."""
+    from faust.types import TP
+
+    from streams._faust.consumer import ack_all
+
+    states = []
+    for bulk in (False, True):
+        app = create_app(Settings(data_dir=tmp_path / str(bulk)), role="pipeline")
+        app.topics._acking_topics.add("t.acked")
+        consumer = app.consumer
+        consumer._committed_offset[TP("t.acked", 0)] = 4
+        acked, unacked = _messages("t.acked"), _messages("t.unacked")
+        for message in acked + unacked:
+            consumer.track_message(message)
+        acked[-1].acked = True  # acknowledged before
+        if bulk:
+            counted = ack_all(consumer, acked + unacked)
+        else:
+            counted = sum(map(consumer.ack, acked + unacked))
+        states.append(
+            (
+                counted,
+                dict(consumer._acked),
+                {tp: sorted(index) for tp, index in consumer._acked_index.items()},
+                consumer._n_acked,
+                sorted(m.offset for m in consumer._unacked_messages if m.topic == "t.acked"),
+                [m.acked for m in acked + unacked],
+            )
+        )
+    faust_s, ours = states
+    assert ours == faust_s
+    assert faust_s[0] == 3  # 4, 5, 6: 3 is below the commit, 9 was acked, 5 comes twice
