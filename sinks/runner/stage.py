@@ -33,7 +33,14 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from schemas import ActionsWritten, InvalidMessage, SessionErased, SessionLink, decode
+from schemas import (
+    ActionsWritten,
+    InvalidMessage,
+    SessionErased,
+    SessionLink,
+    SummaryReady,
+    decode,
+)
 from sinks.base import (
     ContextSink,
     LinkAwareSink,
@@ -72,6 +79,7 @@ RETRY_MAX_WAIT_S = 30.0
 # An operation waits for the rest of its batch (~90 us each): small batches for latency,
 # cheap since their commits are pipelined (python -m scripts.bench --mode latency).
 INLINE_BATCH_MAX = 64
+_OPERATIONS = frozenset({ActionsWritten, SummaryReady})  # what decode_operation returns
 
 
 class SinkStage:
@@ -199,10 +207,11 @@ class SinkStage:
             state.next_action.sleep if state.next_action else 0.0,
         )
 
-    async def deliver(self, call: Callable[[], Awaitable[None]]) -> None:
-        """Retry until the destination takes it; order is kept because the lane waits."""
+    async def deliver(self, call: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """``call(*args)``, retried until the destination takes it; order is kept because
+        the lane waits."""
         try:
-            await call()  # the common case, without the retry machinery's cost per call
+            await call(*args)  # the common case, without the retry machinery's cost per call
             return
         except PermanentSinkError:
             raise
@@ -217,7 +226,7 @@ class SinkStage:
             reraise=True,
         ):
             with attempt:
-                await call()
+                await call(*args)
 
     async def handle(self, session_id: str, item: LaneItem) -> None:
         tracked, decoded = item
@@ -229,8 +238,10 @@ class SinkStage:
 
     async def writes_for(self, session_id: str, message: Message, decoded: Any) -> list[Write]:
         """Step 1 for one input (the destination has it); the writes that make it durable."""
+        if type(decoded) in _OPERATIONS:  # nearly every input: one lookup, not four isinstance
+            return await self.apply_operation(session_id, message, decoded)
         redriven = isinstance(decoded, Redriven)
-        if isinstance(decoded, Redriven):
+        if redriven:
             decoded = decoded.item
         writes: list[Write]
         if isinstance(decoded, SessionErased):
@@ -257,7 +268,7 @@ class SinkStage:
         outcome = "redriven" if redriven else "applied"
         self.lanes.mark(session_id, f"delivering {op.op}")
         try:
-            await self.deliver(lambda: sink.apply(op, context))
+            await self.deliver(sink.apply, op, context)
         except PermanentSinkError as exc:
             outcome = "refused"
             await self.dead_letters.write(message, f"{sink.name} refused {op.op}: {exc}")
@@ -284,7 +295,7 @@ class SinkStage:
         context = before.copy()  # the sink may change its ``extra``
         self.lanes.mark(session_id, "delivering a link")
         try:
-            await self.deliver(lambda: sink.link(session_id, link.conversation_id, context))
+            await self.deliver(sink.link, session_id, link.conversation_id, context)
         except PermanentSinkError as exc:
             await self.dead_letters.write(message, f"{sink.name} refused link: {exc}")
         return self.store.save(before, context)
@@ -298,7 +309,7 @@ class SinkStage:
         context = self.store.load(session_id)
         self.lanes.mark(session_id, "erasing at the destination")
         try:
-            await self.deliver(lambda: erase_at_destination(sink, context))
+            await self.deliver(erase_at_destination, sink, context)
         except PermanentSinkError as exc:
             await self.dead_letters.write(message, f"{sink.name} refused to erase: {exc}")
         log.warning(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -142,14 +143,26 @@ async def test_a_units_inputs_are_acknowledged_together_in_order_once_its_record
     assert acked == [["a", "b", "c"]]
 
 
-def test_ack_all_counts_the_records_the_consumer_had_not_acknowledged() -> None:
-    from streams._faust.batch_source import BatchSource
+def test_ack_all_counts_the_records_the_consumer_had_not_acknowledged(tmp_path: Path) -> None:
+    from faust.types import TP, ConsumerMessage
 
+    from streams._faust.batch_source import BatchSource
+    from streams.app import create_app
+    from streams.settings import Settings
+
+    app = create_app(Settings(data_dir=tmp_path), role="pipeline")
+    app.topics._acking_topics.add("t")
+    messages = [
+        ConsumerMessage("t", 0, offset, 0.0, 0, None, b"k", b"v", None, 1, 1, TP("t", 0))
+        for offset in range(3)
+    ]
+    for message in messages:
+        app.consumer.track_message(message)
+    app.consumer.ack(messages[1])  # acknowledged before
     counted: list[float] = []
     source = BatchSource.__new__(BatchSource)
-    seen: list[str] = []
-    consumer = SimpleNamespace(ack=lambda m: seen.append(m) or m != "again")
-    source.app = cast(Any, SimpleNamespace(consumer=consumer))
+    source.app = app
     source._acknowledged = cast(Any, SimpleNamespace(inc=counted.append))
-    source.ack_all(cast(Any, ["a", "again", "b"]))
-    assert seen == ["a", "again", "b"] and counted == [2]
+    source.ack_all(messages)
+    assert counted == [2] and all(m.acked for m in messages)
+    assert app.consumer._acked[TP("t", 0)] == [1, 0, 2]
