@@ -6,7 +6,7 @@ Event, a queue, the stream's iteration. Measured here, an agent that does
 nothing gets 7,000-9,000 records/s that way, while the same consumer yields
 90,000-107,000 records/s when its records are taken as it fetches them
 (``scripts/bench/``: the a' and a'' floors). A ``BatchSource`` takes its topic's
-records there (``streams.divert.divert``) and hands them out in
+records there (``divert.divert``, a fetched partition at a time) and hands them out in
 batches of whatever has arrived.
 
 Everything else stays Faust's: group membership and assignment, table

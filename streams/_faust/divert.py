@@ -132,8 +132,8 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
     2. A diverted topic's records go to their taker, each partition's in one call,
        before anything else runs: no task can seek or revoke between the fetch and the
        take, so Faust's per-record checks (the flow, the generation) hold for the whole
-       batch. Per record, Faust's round-robin cost ~3 µs of a sink's ~60 per operation
-       (py-spy; ``tests/unit/test_faust_patches.py``).
+       batch. Faust's per-record path cost a null sink ~3 µs of its ~70 per operation
+       (py-spy, docs/performance.md; ``tests/unit/test_faust_patches.py``).
     3. The other records (changelogs, plain agents) are yielded one by one, as Faust does.
     4. Stream records fetched before or during a seek are not delivered; the consumer
        seeks to the committed offsets again and they come again. Changelog records are
