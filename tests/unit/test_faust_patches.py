@@ -64,15 +64,16 @@ class StandInConsumer:
         return tp.topic.endswith("-changelog")
 
 
+async def reseek(consumer: StandInConsumer) -> None:
+    """The re-seek ``_getmany`` asks for, counted."""
+    consumer.reseeks += 1
+
+
 async def deliver(
     monkeypatch: pytest.MonkeyPatch, consumer: StandInConsumer
 ) -> tuple[list[tuple[TP, int]], list[list[tuple[TP, int]]]]:
     """What the patched ``getmany`` yields, and what ``t.context``'s taker got, per call."""
     taken: list[list[tuple[TP, int]]] = []
-
-    async def reseek(self: Any) -> None:
-        self.reseeks += 1
-
     monkeypatch.setattr(divert, "_perform_seek", reseek)
     monkeypatch.setitem(divert._diverted, STREAM.topic, lambda c, tp, ms: taken.append(ms))
     yielded = [message async for _, message in divert._getmany(consumer, 1.0)]  # type: ignore[arg-type]
@@ -129,17 +130,13 @@ async def test_a_seek_while_records_are_yielded_drops_the_stream_records_after_i
 ) -> None:
     consumer = StandInConsumer({AGENT: [Record(10), Record(11)], CHANGELOG: [Record(0), Record(1)]})
     yielded: list[tuple[TP, int]] = []
-    monkeypatch.setattr(divert, "_perform_seek", lambda self: _count(self))
+    monkeypatch.setattr(divert, "_perform_seek", reseek)
     async for _, message in divert._getmany(consumer, 1.0):  # type: ignore[arg-type]
         yielded.append(message)
         consumer._ac_seek_epoch += 2  # the agent's callback awaited; a seek ran meanwhile
 
     assert yielded == [(AGENT, 10), (CHANGELOG, 0), (CHANGELOG, 1)]
     assert consumer.reseeks == 1  # AGENT's offset 11 is fetched again
-
-
-async def _count(consumer: StandInConsumer) -> None:
-    consumer.reseeks += 1
 
 
 async def test_during_recovery_the_stream_is_left_to_recovery_s_own_seek(
