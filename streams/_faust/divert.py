@@ -125,6 +125,12 @@ def diverted_topics() -> set[str]:
     return set(_diverted)
 
 
+def _delivers(consumer: Consumer, tp: TP, active: set[TP] | None) -> bool:
+    """Whether Faust's getmany delivers ``tp``'s fetched records: an active partition,
+    or one whose buffer was full (``None``: every partition is active)."""
+    return active is None or tp in active or tp in consumer._buffered_partitions
+
+
 async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Message]]:
     """Faust 0.15.3's ``Consumer.getmany``, with the diversion and the seek epoch.
 
@@ -151,7 +157,7 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
         except Exception as exc:
             log.warning("exception performing seek when flow not active %s", exc)
         return
-    buffered, read_offset = self._buffered_partitions, self._read_offset
+    read_offset = self._read_offset
     to_message = self._to_message
     sought = getattr(self, "_ac_seek_epoch", 0) != epoch
     rest: dict[TP, list[Any]] = {}
@@ -159,7 +165,7 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
         take = _diverted.get(tp.topic)
         if take is None:
             rest[tp] = fetched
-        elif fetched and not sought and (active is None or tp in active or tp in buffered):
+        elif fetched and not sought and _delivers(self, tp, active):
             self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
             take(self, tp, [to_message(tp, record) for record in fetched])
             read_offset[tp] = fetched[-1].offset
@@ -168,7 +174,7 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
             break  # Faust's checks: its caller awaits between these records
         if getattr(self, "_ac_seek_epoch", 0) != epoch and not self._is_changelog_tp(tp):
             continue  # it may predate the seek: fetched again after the re-seek below
-        if active is None or tp in active or tp in buffered:
+        if _delivers(self, tp, active):
             self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
             yield tp, to_message(tp, record)
     if getattr(self, "_ac_seek_epoch", 0) != epoch:
@@ -210,9 +216,7 @@ async def _wait_next_records(
     if records:
         flowing, owned = self.flow_active, None
         for tp, fetched in records.items():
-            delivered = flowing and (
-                active is None or tp in active or tp in self._buffered_partitions
-            )
+            delivered = flowing and _delivers(self, tp, active)
             if fetched and not delivered:
                 owned = self.assignment() if owned is None else owned
                 if tp in owned:  # a revoked partition is no longer ours to seek
