@@ -77,7 +77,7 @@ class ContextApp(FaustApp):
     @functools.cached_property
     def appender(self) -> Appender:
         """Batches records per partition for the hot paths' table writes (``_faust.appender``)."""
-        return Appender(self.aiokafka_producer)
+        return Appender(self.aiokafka_producer, max_wait_s=self.settings.changelog_round_ms / 1000)
 
     def consumer_on_loop(self) -> bool:
         return not self.settings.consumer_thread

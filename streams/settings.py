@@ -86,9 +86,14 @@ class Settings(BaseSettings):
     # Producer batching: a few ms of linger turns thousands of one-message produce
     # requests per second into a few dozen (the dominant cost at linger 0).
     producer_linger_ms: float = Field(default=5.0, ge=0)
-    # An inline sink's changelog records wait for nothing downstream: produced at most
-    # every this many ms, in fewer requests (each a send syscall and a broker request).
-    sink_changelog_round_ms: float = Field(default=20.0, ge=0, le=1000)
+    # Changelog records behind a WriteBehind gate only their input's ack: they wait up to
+    # this long to join the next outputs' round (fewer produce requests at a steady rate).
+    changelog_round_ms: float = Field(
+        default=20.0,
+        ge=0,
+        le=1000,
+        validation_alias=AliasChoices("AC_CHANGELOG_ROUND_MS", "AC_SINK_CHANGELOG_ROUND_MS"),
+    )
     producer_batch_bytes: int = Field(default=256 * 1024, ge=1024)
 
     # Accumulation

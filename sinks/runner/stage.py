@@ -95,8 +95,6 @@ class SinkStage:
         self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.inline = getattr(sink, "inline", False)
         self.reads_payload = getattr(sink, "reads_payload", True)  # a plug-in may read it
-        if self.inline:  # its changelog gates only its inputs' acks: fewer, larger requests
-            app.appender.min_round_s = settings.sink_changelog_round_ms / 1000
         self.store = ContextStore(app, self.contexts, read=self.writes.get if self.inline else None)
         # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).
         self.end_to_end = metrics.END_TO_END.labels(sink.name)

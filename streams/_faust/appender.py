@@ -20,6 +20,13 @@ everything appended during the one before. (Waiting a fixed few milliseconds
 for bigger batches cost more than it saved: a timer per round, and longer
 waits for the sink's confirmations.)
 
+A record appended with ``may_wait`` (a table's changelog record behind
+``WriteBehind``: it gates only the acknowledgement of its input, never what an
+agent reads) starts no round: it joins the next one another record starts, or
+goes ``max_wait_s`` after it was appended. At a steady rate each input took a
+round for its outputs, then one for its changelog; now the changelog rides with
+the next input's outputs (docs/decisions.md).
+
 Order per partition is kept: groups are submitted in the order they were
 started, and aiokafka keeps one batch per partition in flight. All records of
 a group share one acknowledgement, which resolves with the offset of the
@@ -34,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,9 +55,10 @@ log = logging.getLogger(__name__)
 
 
 class _Group:
-    __slots__ = ("acknowledged", "records", "then")
+    __slots__ = ("acknowledged", "eager", "records", "then")
 
     def __init__(self) -> None:
+        self.eager = False  # holds a record that starts a round (else it waits for one)
         self.records: list[tuple[bytes, bytes | None]] = []
         self.then: list[Callable[[], object]] = []
         self.acknowledged: asyncio.Future[RecordMetadata] = (
@@ -63,17 +70,16 @@ class Appender:
     """``append`` records to a topic partition; await what it returns for the broker's ack."""
 
     def __init__(
-        self, producer: Callable[[], AIOKafkaProducer], *, min_round_s: float = 0.0
+        self, producer: Callable[[], AIOKafkaProducer], *, max_wait_s: float = 0.0
     ) -> None:
-        """``min_round_s``: a round starts at least this long after the one before (records
-        that need no low latency: fewer, larger produce requests)."""
+        """``max_wait_s``: how long a ``may_wait`` record waits for a round to join."""
         self._producer = producer
-        self.min_round_s = min_round_s
-        self._last_round = 0.0
+        self.max_wait_s = max_wait_s
         self._groups: dict[tuple[str, int], _Group] = {}
         self._busy: set[int | None] = set()  # brokers (leader ids) with a round in flight
         self._waiting = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._deadline: asyncio.TimerHandle | None = None  # the waiting records' round
 
     def append_keyed(
         self, topic: str, key: bytes, value: bytes | None
@@ -105,36 +111,52 @@ class Appender:
         partition: int,
         records: list[tuple[bytes, bytes | None]],
         then: Callable[[], object],
+        *,
+        may_wait: bool = False,
     ) -> asyncio.Future[RecordMetadata]:
-        """``append`` each of ``records`` in order, with one ``then`` after the last."""
-        group = self._group(topic, partition)
+        """``append`` each of ``records`` in order, with one ``then`` after the last;
+        ``may_wait``: they start no round (the module's docstring)."""
+        group = self._group(topic, partition, may_wait=may_wait)
         group.records.extend(records)
         group.then.append(then)
         return group.acknowledged
 
-    def _group(self, topic: str, partition: int) -> _Group:
+    def _group(self, topic: str, partition: int, *, may_wait: bool = False) -> _Group:
         group = self._groups.get((topic, partition))
         if group is None:
             group = self._groups[(topic, partition)] = _Group()
-            self._waiting.set()
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._submit_forever(), name="appender")
+        if group.eager:
+            pass
+        elif not may_wait or self.max_wait_s <= 0:
+            group.eager = True
+            self._waiting.set()
+        elif self._deadline is None:
+            loop = asyncio.get_running_loop()
+            self._deadline = loop.call_later(self.max_wait_s, self._waited_enough)
         return group
+
+    def _waited_enough(self) -> None:
+        self._deadline = None
+        for group in self._groups.values():
+            group.eager = True
+        self._waiting.set()
 
     async def _submit_forever(self) -> None:
         while True:
             # Woken by the first append since the last round, or by a round's end; this
             # runs after the tasks already ready (what they append joins the round).
             await self._waiting.wait()
-            if (wait := self._last_round + self.min_round_s - time.monotonic()) > 0:
-                await asyncio.sleep(wait)  # what is appended meanwhile joins the round
             self._waiting.clear()
-            self._last_round = time.monotonic()
             by_broker: dict[int | None, dict[tuple[str, int], _Group]] = {}
-            for slot in list(self._groups):
+            for slot in list(self._groups):  # the waiting records too: they join the round
                 broker = self._leader(slot)
                 if broker not in self._busy:  # else it waits for that broker's round
                     by_broker.setdefault(broker, {})[slot] = self._groups.pop(slot)
+            if not self._groups and self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
             for broker, groups in by_broker.items():
                 if deliveries := await self._submit_round(groups):
                     self._busy.add(broker)
@@ -146,7 +168,7 @@ class Appender:
 
     def _round_done(self, broker: int | None) -> None:
         self._busy.discard(broker)
-        if self._groups:
+        if any(group.eager for group in self._groups.values()):
             self._waiting.set()  # what was appended meanwhile goes now
 
     async def _submit_round(self, groups: dict[tuple[str, int], _Group]) -> list[Any]:

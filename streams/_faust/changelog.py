@@ -40,10 +40,13 @@ def write(
     return write_all(app, [(table, key, value)])[0][1]
 
 
-def write_all(app: ContextApp, writes: Iterable[Sequence[Any]]) -> Written:
+def write_all(
+    app: ContextApp, writes: Iterable[Sequence[Any]], *, may_wait: bool = False
+) -> Written:
     """:func:`write` each of ``writes`` (tuples starting ``table, key, value``), in order:
     one append and one store update per table partition, not per record
-    (tests/unit/test_changelog.py proves the records, stores and acks the same)."""
+    (tests/unit/test_changelog.py proves the records, stores and acks the same).
+    ``may_wait``: the records join the appender's next round (``Appender.append_all``)."""
     runs: dict[tuple[int, int], tuple[TableT[str, bytes], int, list[Any]]] = {}
     for write in writes:
         table = write[0]
@@ -57,7 +60,8 @@ def write_all(app: ContextApp, writes: Iterable[Sequence[Any]]) -> Written:
         records = [(key.encode(), value) for key, value in entries]
         then = functools.partial(stores.put, cast(Any, table).data, entries, partition)
         topic = table.changelog_topic.get_topic_name()
-        written.append((table, appender.append_all(topic, partition, records, then)))
+        acknowledged = appender.append_all(topic, partition, records, then, may_wait=may_wait)
+        written.append((table, acknowledged))
     return written
 
 

@@ -112,7 +112,11 @@ class WriteBehind:
         self._unit.inputs.append((source, record))
 
     async def seal(self) -> None:
-        """End the current unit: its writes and acks happen after its messages are acked."""
+        """End the current unit: its writes and acks happen after its messages are acked.
+
+        One task seals at a time (the accumulator's state lock, an inline sink's lock):
+        ``Queue.put`` is not first come, first served, so concurrent sealers waiting for
+        room could queue their units out of order (found in session 27's trial of lanes)."""
         unit, self._unit = self._unit, _Unit()
         if not (unit.acks or unit.deferred or unit.writes or unit.inputs):
             return
@@ -158,7 +162,8 @@ class WriteBehind:
         # replayed (tests/unit/test_write_behind.py, "deferred").
         await outputs_acknowledged(deferred)
         for unit in units:
-            unit.changelog = changelog.write_all(self._app, unit.writes)
+            # Needed only for the input's ack: they ride with the next outputs' round.
+            unit.changelog = changelog.write_all(self._app, unit.writes, may_wait=True)
             await self._recorded.put(unit)
 
     async def _acknowledge(self, units: list[_Unit]) -> None:

@@ -1,13 +1,18 @@
-"""``Appender(min_round_s=...)``: records appended within the interval after a round go
-out together in the next one (an inline sink's changelog: fewer produce requests)."""
+"""``Appender(max_wait_s=...)``: a record appended with ``may_wait`` (a changelog record
+behind ``WriteBehind``) starts no round: it joins the next one another record starts, or
+goes after ``max_wait_s`` (fewer produce requests at a steady rate)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from streams._faust.appender import Appender
+from streams.settings import Settings
 from tests.support.waiting import wait_for
 
 
@@ -47,30 +52,68 @@ class _Producer:
                                             timestamp_type=0, log_start_offset=0))  # fmt: skip
 
 
-async def _first_round_done(min_round_s: float) -> tuple[Appender, _Producer]:
+async def _first_round_done(max_wait_s: float) -> tuple[Appender, _Producer]:
     producer = _Producer()
-    appender = Appender(lambda: producer, min_round_s=min_round_s)  # type: ignore[arg-type,return-value]
+    appender = Appender(lambda: producer, max_wait_s=max_wait_s)  # type: ignore[arg-type,return-value]
     appender.append_keyed("t", b"a", b"1")
     await wait_for(lambda: producer.sent, timeout=5)
     producer.deliver()  # the broker is free again
     return appender, producer
 
 
-async def test_records_appended_within_the_interval_share_the_next_round() -> None:
-    appender, producer = await _first_round_done(min_round_s=0.3)
-    appender.append_keyed("t", b"b", b"2")
-    for _ in range(10):  # the appender runs, and waits out the interval
+def _changelog(appender: Appender, key: bytes) -> asyncio.Future[Any]:
+    return appender.append_all("changelog", 0, [(key, b"v")], then=lambda: None, may_wait=True)
+
+
+async def _let_the_appender_run() -> None:
+    for _ in range(10):  # ready callbacks and tasks run: the round's end, the appender
         await asyncio.sleep(0)
-    appender.append_keyed("t", b"c", b"3")
+
+
+async def test_a_record_that_may_wait_goes_with_the_next_round_another_starts() -> None:
+    # Each input took a round for its outputs, then one for its changelog: now the
+    # changelog rides with the next input's outputs (docs/decisions.md).
+    appender, producer = await _first_round_done(max_wait_s=30.0)
+    _changelog(appender, b"w")
+    await _let_the_appender_run()
+    assert len(producer.sent) == 1  # a free broker, and still no round for it alone
+    appender.append_keyed("t", b"b", b"2")
+    await wait_for(lambda: len(producer.sent) == 3, timeout=5)
+    assert sorted(records for records, _ in producer.sent[1:]) == [[b"b"], [b"w"]]
+
+
+async def test_records_that_may_wait_go_together_after_the_longest_wait() -> None:
+    appender, producer = await _first_round_done(max_wait_s=0.2)
+    appended_at = time.monotonic()
+    _changelog(appender, b"w1")
+    await _let_the_appender_run()
+    _changelog(appender, b"w2")
     await wait_for(lambda: len(producer.sent) == 2, timeout=5)
-    assert [records for records, _ in producer.sent] == [[b"a"], [b"b", b"c"]]
+    assert time.monotonic() - appended_at >= 0.2  # a timer, never before it is due
+    assert producer.sent[1][0] == [b"w1", b"w2"]
 
 
-async def test_without_an_interval_a_free_broker_takes_a_record_at_once() -> None:
-    appender, producer = await _first_round_done(min_round_s=0.0)
+async def test_a_record_that_may_not_wait_takes_a_free_broker_at_once() -> None:
+    appender, producer = await _first_round_done(max_wait_s=30.0)
     appender.append_keyed("t", b"b", b"2")
     await wait_for(lambda: len(producer.sent) == 2, timeout=5)
     appender.append_keyed("t", b"c", b"3")  # waits for the broker's round
     producer.deliver()
     await wait_for(lambda: len(producer.sent) == 3, timeout=5)
     assert [records for records, _ in producer.sent] == [[b"a"], [b"b"], [b"c"]]
+
+
+async def test_without_a_wait_a_record_that_may_wait_goes_at_once() -> None:
+    appender, producer = await _first_round_done(max_wait_s=0.0)  # AC_CHANGELOG_ROUND_MS=0
+    _changelog(appender, b"w")
+    await wait_for(lambda: len(producer.sent) == 2, timeout=5)
+    assert producer.sent[1][0] == [b"w"]
+
+
+def test_the_wait_is_its_setting_or_the_inline_sinks_earlier_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AC_SINK_CHANGELOG_ROUND_MS", "5")  # before it covered every worker
+    assert Settings().changelog_round_ms == 5
+    monkeypatch.setenv("AC_CHANGELOG_ROUND_MS", "7")
+    assert Settings().changelog_round_ms == 7

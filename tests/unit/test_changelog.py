@@ -29,7 +29,9 @@ class _Appender:
     ) -> tuple[str, int]:
         return self.append_all(topic, partition, [(key, value)], then)
 
-    def append_all(self, topic: str, partition: int, records: Any, then: Any) -> tuple[str, int]:
+    def append_all(
+        self, topic: str, partition: int, records: Any, then: Any, *, may_wait: bool = False
+    ) -> tuple[str, int]:
         slot = (topic, partition)
         self.records.setdefault(slot, []).extend(records)
         self.then.setdefault(slot, []).append(then)

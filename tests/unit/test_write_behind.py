@@ -31,11 +31,15 @@ class _App:
     def __init__(self, acks: _Acks) -> None:
         self.appender = SimpleNamespace(append_all=self._changelog)
         self._acks = acks
+        self.may_wait: list[bool] = []  # per changelog append
 
     async def append(self, topic: str, key: bytes, value: bytes | None) -> Any:
         return self._acks.future(topic, value)
 
-    def _changelog(self, topic: str, partition: int, records: Any, then: Any) -> Any:
+    def _changelog(
+        self, topic: str, partition: int, records: Any, then: Any, *, may_wait: bool
+    ) -> Any:
+        self.may_wait.append(may_wait)
         [(_, value)] = records
         return self._acks.future(topic, value)
 
@@ -58,7 +62,8 @@ async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_th
     table = _table(SimpleNamespace(set_persisted_offset=lambda tp, offset: None))
     source = SimpleNamespace(ack_all=acked.extend)
 
-    writes = WriteBehind(cast(Any, _App(acks)), on_error=_fail)
+    app = _App(acks)
+    writes = WriteBehind(cast(Any, app), on_error=_fail)
     writes.set(cast(Any, table), "s", b"state")
     await writes.send("context", "s", b"batch")
     await writes.send("summarize", "s", b"request", after_previous=True)
@@ -71,6 +76,7 @@ async def test_deferred_records_wait_for_the_units_acks_and_the_changelog_for_th
     acks.resolve("summarize")
     await wait_for(lambda: len(acks.appended) > 2, timeout=5)
     assert acks.appended[2:] == [("changelog", b"state")] and not acked
+    assert app.may_wait == [True]  # it gates only the input's ack: it joins a later round
     acks.resolve("changelog")
     await wait_for(lambda: acked, timeout=5)
     assert acked == ["input"]
@@ -89,7 +95,7 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
     table = _table(store)
     app = _App(acks)
 
-    def changelog(topic: str, partition: int, records: Any, then: Any) -> Any:
+    def changelog(topic: str, partition: int, records: Any, then: Any, *, may_wait: bool) -> Any:
         [(_, value)] = records
         taken.append(then)
         return acks.future(topic, value)
