@@ -127,14 +127,13 @@ class Appender:
             group = self._groups[(topic, partition)] = _Group()
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._submit_forever(), name="appender")
-        if group.eager:
-            pass
-        elif not may_wait or self.max_wait_s <= 0:
-            group.eager = True
-            self._waiting.set()
-        elif self._deadline is None:
-            loop = asyncio.get_running_loop()
-            self._deadline = loop.call_later(self.max_wait_s, self._waited_enough)
+        if not group.eager:
+            if not may_wait or self.max_wait_s <= 0:
+                group.eager = True
+                self._waiting.set()
+            elif self._deadline is None:
+                loop = asyncio.get_running_loop()
+                self._deadline = loop.call_later(self.max_wait_s, self._waited_enough)
         return group
 
     def _waited_enough(self) -> None:
@@ -145,7 +144,7 @@ class Appender:
 
     async def _submit_forever(self) -> None:
         while True:
-            # Woken by the first append since the last round, or by a round's end; this
+            # Woken by a record that starts a round, the end of a wait or of a round; this
             # runs after the tasks already ready (what they append joins the round).
             await self._waiting.wait()
             self._waiting.clear()

@@ -82,7 +82,7 @@ async def test_a_record_that_may_wait_goes_with_the_next_round_another_starts() 
     assert sorted(records for records, _ in producer.sent[1:]) == [[b"b"], [b"w"]]
 
 
-async def test_records_that_may_wait_go_together_after_the_longest_wait() -> None:
+async def test_records_that_may_wait_go_together_once_the_first_has_waited() -> None:
     appender, producer = await _first_round_done(max_wait_s=0.2)
     appended_at = time.monotonic()
     _changelog(appender, b"w1")
