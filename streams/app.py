@@ -256,6 +256,9 @@ def create_app(settings: Settings, role: str) -> ContextApp:
         # dead-letter topic accepts it); every other topic is guarded by
         # MESSAGE_MAX_BYTES where messages are built (agents/accumulate/stage.py).
         producer_max_request_size=DEAD_LETTER_MAX_BYTES,
+        # Faust's default is 1 MiB: one backlog fetch held ~40 MiB more (test_consumer_loop.py,
+        # test_a_fetch_takes_at_most_the_configured_bytes_per_partition); larger records still come.
+        consumer_max_fetch_size=settings.fetch_partition_bytes,
         broker_commit_interval=1.0,
         broker_session_timeout=settings.broker_session_timeout_s,
         table_standby_replicas=0,

@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     max_in_flight_requests: int = Field(default=2000, ge=1)
     # Records a worker buffers per input topic before pausing fetching (_faust/batch_source.py).
     batch_buffer: int = Field(default=4096, ge=1)
+    # Bytes fetched per partition per request: a fetch's records are decoded and buffered
+    # at once, so this and batch_buffer bound what a worker holds (docs/decisions.md).
+    fetch_partition_bytes: int = Field(default=256 * 1024, ge=1024)
     # A session's message in progress this long is reported (a log warning and
     # ac_lane_items_stalled): a destination or LLM that retries for ever, or a hang.
     stall_warning_s: float = Field(default=60.0, gt=0)
