@@ -101,6 +101,9 @@ def parser() -> argparse.ArgumentParser:
     add("--tree", type=trees, default=[Path(__file__).resolve().parents[2]],
         help="--mode sink: checkouts to run the sink worker from, alternated (A,B)")  # fmt: skip
     add("--llm-concurrency", type=int, default=256)
+    add("--summary-chars", type=int, default=0,
+        help="the stand-in LLM's summaries this long, as a real model's are (AC_SUMMARY_MAX_CHARS "
+        "is 1,500); 0: a few words")  # fmt: skip
     add("--port", type=int, default=6100)
     add("--event-loop", type=loops, default="aio",
         help="the workers' event loop, aio or uvloop (Faust's F_LOOP; not --loop, which "

@@ -216,6 +216,7 @@ def worker_env(
         "AC_LLM_CALLABLE": "scripts.bench.plugins:instant",
         "AC_STORE": args.store,
         "AC_IDLE_TIMEOUT_S": "3600",
+        "BENCH_SUMMARY_CHARS": str(getattr(args, "summary_chars", 0)),
         **settings,
     }
 

@@ -148,3 +148,45 @@ async def test_the_stage_requests_batches_give_the_prompt_models_give() -> None:
     assert prompts[0] == prompts[1] == prompts[2] == prompts[3]
     assert "4. [0] error: Export failed — /page/1\n5. [0] click: clicked button 5" in prompts[0]
     assert seen == [ActionsPayload, ActionsPayload]
+
+
+async def test_the_pii_pass_skips_only_summaries_its_model_wrote() -> None:
+    """A summary the model wrote from filtered input is not filtered again as the next
+    prompt's previous summary (1.5 ms a 1,500-char summary); any other previous is: an
+    offline fold from raw actions, one from before a restart, another session's."""
+    from agents.pii import PiiFilter
+
+    class Spy(PiiFilter):
+        texts: list[str]
+
+        def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:
+            self.texts.append(text)
+            return super().redact_text(text, session_key, policy)
+
+    answers = iter(["Model wrote: user exported twice.", "Model wrote more.", "x", "y"])
+    prompts: list[str] = []
+
+    async def llm(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(answers)
+
+    pii = Spy(key=b"a-test-key-0123456789")
+    pii.texts = []
+    summarizer = LLMSummarizer(
+        ResilientLLM.from_settings(llm, Settings()),
+        template=DEFAULT_PROMPT,
+        formatter=default_format_actions,
+        max_chars=500,
+        pii=pii,
+    )
+    first = await summarizer.summarize(None, request_of(1, 4).batches, total=4)
+    await summarizer.summarize(str(first), request_of(5, 4).batches, total=8)
+    assert str(first) not in pii.texts  # the model's own words: not scanned again
+
+    raw_fold = "Offline: mailed bob@corp.io"  # e.g. offline_fold over raw actions
+    await summarizer.summarize(raw_fold, request_of(9, 4).batches, total=12)
+    assert raw_fold in pii.texts and "bob@corp.io" not in prompts[-1] and "<EMAIL_" in prompts[-1]
+
+    other = [ActionsPayload.model_validate({**batch(1, 2), "session_id": "s2"})]
+    await summarizer.summarize(str(first), other, total=2)  # s1's summary, seen in s2
+    assert pii.texts.count(str(first)) == 1
