@@ -437,3 +437,55 @@ def test_redact_returns_what_copying_every_payload_did(
     oracle = _copied_always(pii, payload, "s1")
     assert out == oracle and out.model_dump() == oracle.model_dump()
     assert (out is payload) == (out.model_dump() == payload.model_dump())
+
+
+def _phone_texts() -> list[str]:
+    """Every region's example numbers in every format, the shortest ones included (4-digit
+    national numbers: +43 1234-style), inside prose and URLs, and URLs with ids of 3-12
+    digits, UUIDs and dates."""
+    fmt = phonenumbers.PhoneNumberFormat
+    numbers = []
+    for region in sorted(phonenumbers.SUPPORTED_REGIONS):
+        for kind in (phonenumbers.PhoneNumberType.FIXED_LINE, phonenumbers.PhoneNumberType.MOBILE):
+            example = phonenumbers.example_number_for_type(region, kind)
+            if example is not None:
+                numbers += [
+                    phonenumbers.format_number(example, f)
+                    for f in (fmt.E164, fmt.INTERNATIONAL, fmt.NATIONAL)
+                ]
+    rng = random.Random(11)
+    texts = [t.format(n) for n in numbers for t in ("Called {} twice", "https://a.io/call/{}?x=1")]
+    for digits in range(3, 13):
+        ident = "".join(rng.choices(string.digits, k=digits))
+        texts += [
+            f"https://app.example.com/orders/{ident}/items/{rng.randrange(100)}?page=2",
+            f"Opened order {ident} on 2026-12-03",
+            f"/projects/{ident}-{ident[::-1]}/edit",
+        ]
+    texts += [
+        f"https://app.example.com/t/{random.Random(i).randbytes(16).hex()}/edit" for i in range(50)
+    ]
+    return texts
+
+
+@pytest.mark.parametrize("region", ["US", "AT", "GB", "NU"])
+def test_phones_gate_is_exact(region: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The matcher is skipped only where it finds nothing: gated and plain agree on every
+    region's example numbers, the shortest included, and on URLs with ids."""
+    phones = detectors.Phones(region)
+    texts = _phone_texts()
+    gated = [list(phones(t)) for t in texts]
+    plain = _plain(monkeypatch, lambda: [list(phones(t)) for t in texts])
+    assert gated == plain
+    assert sum(map(bool, plain)) > len(texts) // 3  # numbers were found, not all skipped
+    skipped = sum(1 for t in texts if not phones._may_hold_one(t))
+    # And the gate skips some (URLs with short ids, UUIDs) where numbers need 6 digits;
+    # a region with 4-digit national numbers (AT, NU) runs the matcher on more.
+    assert skipped >= (20 if phones.fewest_digits >= 6 else 1)
+
+
+def test_phones_gate_uses_libphonenumber_s_own_candidates() -> None:
+    """A private name of phonenumbers (pinned >=8.13): without it only the digit count
+    gates the matcher, exact but slower."""
+    assert detectors._CANDIDATES is not None
+    assert detectors.Phones("US").fewest_digits == 6  # +NN and a 4-digit national number
