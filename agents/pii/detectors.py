@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import string
 from collections.abc import Callable, Iterator
+from functools import cache
+from itertools import product
 
 import phonenumbers
 import phonenumbers.phonenumbermatcher
@@ -152,24 +155,46 @@ def secrets(text: str) -> Iterator[Span]:
 _CANDIDATES: re.Pattern[str] | None = getattr(phonenumbers.phonenumbermatcher, "_PATTERN", None)
 
 
-def _fewest_digits(region: str) -> int:
-    """The fewest digits of a number valid for libphonenumber, written nationally for
-    ``region`` or internationally (country code and national number) for any region."""
+_PLUS_SIGNS = "+\uff0b"  # what libphonenumber reads as a number's leading plus
 
-    def shortest(metadata: PhoneMetadata | None) -> int:
-        desc = metadata.general_desc if metadata is not None else None
-        lengths = [n for n in desc.possible_length if n > 0] if desc is not None else []
-        return min(lengths, default=1)
 
-    international = [
-        len(str(code)) + shortest(PhoneMetadata.metadata_for_region(name))
-        for name in phonenumbers.SUPPORTED_REGIONS
-        if (code := phonenumbers.country_code_for_region(name))
-    ] + [
-        len(str(code)) + shortest(PhoneMetadata.metadata_for_nongeo_region(code))
-        for code in phonenumbers.COUNTRY_CODES_FOR_NON_GEO_REGIONS
-    ]
-    return min([shortest(PhoneMetadata.metadata_for_region(region)), *international])
+def _shortest(metadata: PhoneMetadata | None) -> int:
+    desc = metadata.general_desc if metadata is not None else None
+    lengths = [n for n in desc.possible_length if n > 0] if desc is not None else []
+    return min(lengths, default=1)
+
+
+def _shortest_prefix(pattern: str | None, longest: int = 5) -> int:
+    """The fewest digits an international dialling prefix (``011``, ``00``) takes."""
+    if pattern:
+        for length in range(1, longest + 1):
+            if any(
+                re.fullmatch(pattern, "".join(d)) for d in product(string.digits, repeat=length)
+            ):
+                return length
+    return 0
+
+
+@cache
+def _fewest_digits(region: str) -> tuple[int, int]:
+    """The fewest digits of a number valid for libphonenumber in a candidate with a plus
+    sign, and in one without: there, a national number of ``region`` or the region's
+    dialling prefix before an international one (country code and national number)."""
+    international = min(
+        [
+            len(str(code)) + _shortest(PhoneMetadata.metadata_for_region(name))
+            for name in phonenumbers.SUPPORTED_REGIONS
+            if (code := phonenumbers.country_code_for_region(name))
+        ]
+        + [
+            len(str(code)) + _shortest(PhoneMetadata.metadata_for_nongeo_region(code))
+            for code in phonenumbers.COUNTRY_CODES_FOR_NON_GEO_REGIONS
+        ]
+    )
+    metadata = PhoneMetadata.metadata_for_region(region)
+    national = _shortest(metadata)
+    prefix = _shortest_prefix(metadata.international_prefix if metadata is not None else None)
+    return min(national, international), min(national, prefix + international)
 
 
 class Phones:
@@ -177,17 +202,22 @@ class Phones:
 
     def __init__(self, region: str) -> None:
         self.region = region
-        self.fewest_digits = _fewest_digits(region)
+        self.fewest_digits, self.fewest_without_plus = _fewest_digits(region)
 
     def _may_hold_one(self, text: str) -> bool:
         """The matcher is slow (200 µs a URL with ids): it runs only where one of its own
         candidates holds enough digits (test_pii.py::test_phones_gate_is_exact)."""
-        fewest = self.fewest_digits
-        if sum(map(str.isdigit, text)) < fewest:
+        if sum(map(str.isdigit, text)) < self.fewest_digits:
             return False
         if _CANDIDATES is None:
             return True
-        return any(sum(map(str.isdigit, m.group())) >= fewest for m in _CANDIDATES.finditer(text))
+        for match in _CANDIDATES.finditer(text):
+            candidate = match.group()
+            plus = any(sign in candidate for sign in _PLUS_SIGNS)
+            fewest = self.fewest_digits if plus else self.fewest_without_plus
+            if sum(map(str.isdigit, candidate)) >= fewest:
+                return True
+        return False
 
     def __call__(self, text: str) -> Iterator[Span]:
         if _GATED and not self._may_hold_one(text):

@@ -453,6 +453,10 @@ def _phone_texts() -> list[str]:
                     phonenumbers.format_number(example, f)
                     for f in (fmt.E164, fmt.INTERNATIONAL, fmt.NATIONAL)
                 ]
+                numbers += [  # dialled from abroad: 011 44 ..., 00 1 ...
+                    phonenumbers.format_out_of_country_calling_number(example, origin)
+                    for origin in ("US", "GB", "AT", "JP")
+                ]
     rng = random.Random(11)
     texts = [t.format(n) for n in numbers for t in ("Called {} twice", "https://a.io/call/{}?x=1")]
     for digits in range(3, 13):
@@ -468,7 +472,7 @@ def _phone_texts() -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize("region", ["US", "AT", "GB", "NU"])
+@pytest.mark.parametrize("region", ["US", "AT", "GB", "NU", "JP"])
 def test_phones_gate_is_exact(region: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The matcher is skipped only where it finds nothing: gated and plain agree on every
     region's example numbers, the shortest included, and on URLs with ids."""
@@ -488,4 +492,6 @@ def test_phones_gate_uses_libphonenumber_s_own_candidates() -> None:
     """A private name of phonenumbers (pinned >=8.13): without it only the digit count
     gates the matcher, exact but slower."""
     assert detectors._CANDIDATES is not None
-    assert detectors.Phones("US").fewest_digits == 6  # +NN and a 4-digit national number
+    phones = detectors.Phones("US")
+    assert phones.fewest_digits == 6  # +NN and a 4-digit national number
+    assert phones.fewest_without_plus == 9  # 011, then that: 10-digit US numbers are longer
