@@ -5,13 +5,17 @@
 Synthetic payloads (``agents.ingest.synthetic``), one ``PiiFilter.redact`` per payload as
 the accumulator calls it; prints CPU µs per action (process time, best of ``--repeat``).
 ``--tree`` runs the same measurement on another checkout, alternating, for a before/after;
-``--no-cache`` measures this tree without its per-session cache (text that never repeats).
+``--no-cache`` measures this tree without its per-session cache (text that never repeats);
+``--ids`` gives every action a URL and a description with ids, as a real app's carry
+(numeric ids of 4 to 9 digits, UUIDs): text that never repeats, with digits in it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
+import uuid
 import subprocess
 import sys
 import time
@@ -23,12 +27,30 @@ from schemas import ActionsPayload
 KEY = b"bench-key-not-a-secret-012345678"
 
 
-def measure(sessions: int, repeat: int, cache: bool = True) -> float:
-    """Best CPU µs per action over ``repeat`` passes, each with a fresh filter."""
-    payloads = [
-        ActionsPayload.model_validate(raw)
-        for raw in interleaved_payloads(plan_sessions(sessions, mean_length=40, seed=3), seed=3)
+def _with_ids(raw: dict, rng: random.Random) -> dict:
+    def url() -> str:
+        kind = rng.random()
+        if kind < 0.4:
+            project, task = rng.randrange(10**5), rng.randrange(10**4)
+            return f"https://app.example.com/projects/{project}/tasks/{task}?tab=board"
+        if kind < 0.7:
+            return f"https://app.example.com/docs/{uuid.UUID(int=rng.getrandbits(128))}/edit"
+        if kind < 0.9:
+            return f"https://app.example.com/orders/{rng.randrange(10**7, 10**9)}"
+        return "https://app.example.com/settings"
+
+    actions = [
+        {**a, "raw_url": url(), "description": f"Opened item {rng.randrange(10**4)}"}
+        for a in raw["actions"]  # type: ignore[union-attr]
     ]
+    return {**raw, "actions": actions}
+
+
+def measure(sessions: int, repeat: int, cache: bool = True, ids: bool = False) -> float:
+    """Best CPU µs per action over ``repeat`` passes, each with a fresh filter."""
+    rng = random.Random(3)
+    raws = interleaved_payloads(plan_sessions(sessions, mean_length=40, seed=3), seed=3)
+    payloads = [ActionsPayload.model_validate(_with_ids(r, rng) if ids else r) for r in raws]
     actions = sum(len(p.actions) for p in payloads)
     best = float("inf")
     for _ in range(repeat):
@@ -45,11 +67,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-cache", action="store_true", help="this tree's uncached path")
+    parser.add_argument("--ids", action="store_true", help="URLs and descriptions with ids")
     parser.add_argument("--tree", help="another checkout to compare with, alternating")
     parser.add_argument("--rounds", type=int, default=3, help="alternations with --tree")
     args = parser.parse_args()
     if not args.tree:
-        cpu = measure(args.sessions, args.repeat, cache=not args.no_cache)
+        cpu = measure(args.sessions, args.repeat, cache=not args.no_cache, ids=args.ids)
         print(f"pii: {cpu:.1f} µs CPU per action")
         return
     trees = {"this": os.getcwd(), "other": os.path.abspath(args.tree)}
@@ -57,6 +80,7 @@ def main() -> None:
     # run_path, not `python file`: scripts/bench/codecs.py would shadow the stdlib's.
     code = f"import runpy; runpy.run_path({__file__!r}, run_name='__main__')"
     run = [sys.executable, "-c", code, f"--sessions={args.sessions}", f"--repeat={args.repeat}"]
+    run += ["--ids"] * args.ids
     mine = run + ["--no-cache"] * args.no_cache
     for _ in range(args.rounds):
         for name, tree in trees.items():
