@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import uuid
 import subprocess
 import sys
 import time
+import uuid
 
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.pii import PiiFilter
