@@ -74,7 +74,7 @@ class LLMSummarizer(Summarizer):
             # Before formatting, so a custom formatter sees placeholders too. The previous
             # summary as well, unless this model wrote it from filtered input: an offline
             # fold (agents/summarize/) is made from raw actions, and a summary from before a
-            # restart is not known. 1.5 ms a 1,500-char summary, mostly the phone matcher
+            # restart is not known. 0.6-0.7 ms a 1,500-char summary (the secret, card, IP patterns)
             # (test_summarize.py::test_the_pii_pass_skips_only_summaries_its_model_wrote).
             payloads = pii.redact(payloads, session)
             if previous and not self._wrote(session, previous):

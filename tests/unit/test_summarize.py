@@ -152,7 +152,7 @@ async def test_the_stage_requests_batches_give_the_prompt_models_give() -> None:
 
 async def test_the_pii_pass_skips_only_summaries_its_model_wrote() -> None:
     """A summary the model wrote from filtered input is not filtered again as the next
-    prompt's previous summary (1.5 ms a 1,500-char summary); any other previous is: an
+    prompt's previous summary (0.6-1.5 ms a 1,500-char summary); any other previous is: an
     offline fold from raw actions, one from before a restart, another session's."""
     from agents.pii import PiiFilter
 
