@@ -176,10 +176,11 @@ def _shortest_prefix(pattern: str | None, longest: int = 5) -> int:
 
 
 @cache
-def _fewest_digits(region: str) -> tuple[int, int]:
+def _fewest_digits(region: str) -> tuple[int, int, int]:
     """The fewest digits of a number valid for libphonenumber in a candidate with a plus
-    sign, and in one without: there, a national number of ``region`` or the region's
-    dialling prefix before an international one (country code and national number)."""
+    sign; in one without, where the region's dialling prefix may start an international
+    number (country code and national number) or a national number of ``region``; and in
+    one where it cannot, a national number."""
     international = min(
         [
             len(str(code)) + _shortest(PhoneMetadata.metadata_for_region(name))
@@ -194,7 +195,14 @@ def _fewest_digits(region: str) -> tuple[int, int]:
     metadata = PhoneMetadata.metadata_for_region(region)
     national = _shortest(metadata)
     prefix = _shortest_prefix(metadata.international_prefix if metadata is not None else None)
-    return min(national, international), min(national, prefix + international)
+    return min(national, international), min(national, prefix + international), national
+
+
+@cache
+def _dialling_prefix(region: str) -> re.Pattern[str] | None:
+    metadata = PhoneMetadata.metadata_for_region(region)
+    pattern = metadata.international_prefix if metadata is not None else None
+    return re.compile(pattern) if pattern else None
 
 
 class Phones:
@@ -202,7 +210,18 @@ class Phones:
 
     def __init__(self, region: str) -> None:
         self.region = region
-        self.fewest_digits, self.fewest_without_plus = _fewest_digits(region)
+        self.fewest_digits, self.fewest_without_plus, self.fewest_national = _fewest_digits(region)
+        self._dialling_prefix = _dialling_prefix(region)
+
+    def _fewest_in(self, candidate: str, digits: str) -> int:
+        """A plus sign, the region's dialling prefix anywhere in the digits (the matcher also
+        tries parts of a candidate), or neither: then only a national number is valid."""
+        if any(sign in candidate for sign in _PLUS_SIGNS):
+            return self.fewest_digits
+        prefix = self._dialling_prefix
+        if prefix is None or not digits.isascii() or prefix.search(digits):
+            return self.fewest_without_plus
+        return self.fewest_national
 
     def _may_hold_one(self, text: str) -> bool:
         """The matcher is slow (200 µs a URL with ids): it runs only where one of its own
@@ -213,9 +232,10 @@ class Phones:
             return True
         for match in _CANDIDATES.finditer(text):
             candidate = match.group()
-            plus = any(sign in candidate for sign in _PLUS_SIGNS)
-            fewest = self.fewest_digits if plus else self.fewest_without_plus
-            if sum(map(str.isdigit, candidate)) >= fewest:
+            digits = "".join(filter(str.isdigit, candidate))
+            if len(digits) >= self.fewest_digits and len(digits) >= self._fewest_in(
+                candidate, digits
+            ):
                 return True
         return False
 

@@ -495,3 +495,6 @@ def test_phones_gate_uses_libphonenumber_s_own_candidates() -> None:
     phones = detectors.Phones("US")
     assert phones.fewest_digits == 6  # +NN and a 4-digit national number
     assert phones.fewest_without_plus == 9  # 011, then that: 10-digit US numbers are longer
+    assert phones.fewest_national == 10  # without 011 in it: a US number
+    assert not phones._may_hold_one("https://app.example.com/orders/123456789")
+    assert phones._may_hold_one("call 011 43 1234")  # dialled out: parsed as +43 1234
