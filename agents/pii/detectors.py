@@ -164,23 +164,21 @@ def _shortest(metadata: PhoneMetadata | None) -> int:
     return min(lengths, default=1)
 
 
-def _shortest_prefix(pattern: str | None, longest: int = 5) -> int:
+def _shortest_prefix(pattern: re.Pattern[str] | None, longest: int = 5) -> int:
     """The fewest digits an international dialling prefix (``011``, ``00``) takes."""
-    if pattern:
+    if pattern is not None:
         for length in range(1, longest + 1):
-            if any(
-                re.fullmatch(pattern, "".join(d)) for d in product(string.digits, repeat=length)
-            ):
+            if any(pattern.fullmatch("".join(d)) for d in product(string.digits, repeat=length)):
                 return length
     return 0
 
 
 @cache
-def _fewest_digits(region: str) -> tuple[int, int, int]:
+def _bounds(region: str) -> tuple[int, int, int, re.Pattern[str] | None]:
     """The fewest digits of a number valid for libphonenumber in a candidate with a plus
     sign; in one without, where the region's dialling prefix may start an international
-    number (country code and national number) or a national number of ``region``; and in
-    one where it cannot, a national number."""
+    number (country code and national number) or a national number of ``region``; in one
+    where it cannot, a national number. Then the region's dialling prefix."""
     international = min(
         [
             len(str(code)) + _shortest(PhoneMetadata.metadata_for_region(name))
@@ -194,15 +192,10 @@ def _fewest_digits(region: str) -> tuple[int, int, int]:
     )
     metadata = PhoneMetadata.metadata_for_region(region)
     national = _shortest(metadata)
-    prefix = _shortest_prefix(metadata.international_prefix if metadata is not None else None)
-    return min(national, international), min(national, prefix + international), national
-
-
-@cache
-def _dialling_prefix(region: str) -> re.Pattern[str] | None:
-    metadata = PhoneMetadata.metadata_for_region(region)
     pattern = metadata.international_prefix if metadata is not None else None
-    return re.compile(pattern) if pattern else None
+    prefix = re.compile(pattern) if pattern else None
+    dialled = min(national, _shortest_prefix(prefix) + international)
+    return min(national, international), dialled, national, prefix
 
 
 class Phones:
@@ -210,8 +203,9 @@ class Phones:
 
     def __init__(self, region: str) -> None:
         self.region = region
-        self.fewest_digits, self.fewest_without_plus, self.fewest_national = _fewest_digits(region)
-        self._dialling_prefix = _dialling_prefix(region)
+        bounds = _bounds(region)
+        self.fewest_digits, self.fewest_without_plus, self.fewest_national = bounds[:3]
+        self._dialling_prefix = bounds[3]
 
     def _fewest_in(self, candidate: str, digits: str) -> int:
         """A plus sign, the region's dialling prefix anywhere in the digits (the matcher also
@@ -233,9 +227,7 @@ class Phones:
         for match in _CANDIDATES.finditer(text):
             candidate = match.group()
             digits = "".join(filter(str.isdigit, candidate))
-            if len(digits) >= self.fewest_digits and len(digits) >= self._fewest_in(
-                candidate, digits
-            ):
+            if len(digits) >= self._fewest_in(candidate, digits):
                 return True
         return False
 
