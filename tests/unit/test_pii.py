@@ -78,6 +78,8 @@ def test_detectors_find_and_replace(pii: PiiFilter, text: str, kind: str, secret
         "Clicked Reset password button",
         "https://app.example.com/projects/123/tasks?tab=billing&sort=date",
         "Searched help for 'export limits'",
+        # a UUID whose first groups are all digits and pass Luhn: was a <CARD_…>
+        "https://app.example.com/docs/49163640-3753-3606-cff1-6af0322dbfb2/edit",
     ],
 )
 def test_validation_leaves_lookalikes_alone(pii: PiiFilter, text: str) -> None:
@@ -368,10 +370,28 @@ def _plain(monkeypatch: pytest.MonkeyPatch, call: Any) -> Any:
         return call()
 
 
+# What the detectors' gates look for, in the case variants (?i) matches: ſ (s), K (k),
+# ı and İ (i) are folded by re but not by str.lower(), so non-ASCII text skips those gates.
+_GATE_WORDS = [
+    *("password=", "PAſſWORD: hunter22", "baſic dXNlcjpwYXNz", "AUTHORİZATİON: 0penSesame"),
+    *("Bearer ", "ıd_token=", "token:", "cLıent_ſecret=abcd1234 "),
+    *("api-key=", "sk-", "ghp_", "xoxb-", "AKIA", "AIza", "SG.", "eyJ", "glpat-"),
+    *("DE", "GB", "1.2.", "::", "ext. ", " x ", "#", ";ext=", "+", "011", "(", ")", "555"),
+]
+
+
 @st.composite
 def field_texts(draw: st.DrawFn) -> str:
     _kind, value = draw(pii_values())
-    noise = draw(st.text(alphabet=_ALNUM + " @.:-=?&%/_+<>", max_size=40))
+    noise = draw(
+        st.lists(
+            st.one_of(
+                st.text(alphabet=_ALNUM + " @.:-=?&%/_+<>", max_size=12),
+                st.sampled_from(_GATE_WORDS),
+            ),
+            max_size=6,
+        ).map("".join)
+    )
     template = draw(
         st.sampled_from([*TEMPLATES, "{pii} {noise}", "https://a.io/x?q={pii}&n={noise}"])
     )
@@ -458,7 +478,8 @@ def _phone_texts() -> list[str]:
                     for origin in ("US", "GB", "AT", "JP")
                 ]
     rng = random.Random(11)
-    texts = [t.format(n) for n in numbers for t in ("Called {} twice", "https://a.io/call/{}?x=1")]
+    templates = ("Called {} twice", "https://a.io/call/{}?x=1", "Call {} ext. 12", "{};ext=9")
+    texts = [t.format(n) for n in numbers for t in (*templates, "Rufen Sie {} an – danke")]
     for digits in range(3, 13):
         ident = "".join(rng.choices(string.digits, k=digits))
         texts += [
@@ -470,6 +491,30 @@ def _phone_texts() -> list[str]:
         f"https://app.example.com/t/{random.Random(i).randbytes(16).hex()}/edit" for i in range(50)
     ]
     return texts
+
+
+def test_phones_digit_runs_hold_every_candidate() -> None:
+    """In ASCII text the gate counts the digits between characters libphonenumber's candidate
+    pattern cannot match: each candidate's digits lie inside one such run."""
+
+    @settings(max_examples=600, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(
+                st.text(alphabet=string.printable, max_size=10),
+                st.text(alphabet=string.digits + " -.()/+x#", min_size=4, max_size=14),
+                st.sampled_from(["ext. ", "EXT", " x ", ";ext=", "int", "anexo", "#", "+", "~"]),
+            ),
+            max_size=8,
+        ).map("".join)
+    )
+    def check(text: str) -> None:
+        runs = detectors._digit_runs(text)
+        for m in detectors._CANDIDATES.finditer(text):  # type: ignore[union-attr]
+            digits = "".join(filter(str.isdigit, m.group())).encode()
+            assert any(digits in run for run in runs), (m.group(), runs)
+
+    check()
 
 
 @pytest.mark.parametrize("region", ["US", "AT", "GB", "NU", "JP"])
