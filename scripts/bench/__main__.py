@@ -55,13 +55,14 @@ async def run_mode(args: argparse.Namespace) -> None:
     if args.mode == "latency":
         return await run_latency(args)
     payloads = workload(
-        args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch
+        args.actions, args.sessions, args.seed, min_batch=1, max_batch=args.max_batch, ids=args.ids
     )
     actions = sum(len(p["actions"]) for p in payloads)
     raw = [orjson.dumps(p) for p in payloads]
     print(
         f"workload: {actions:,} actions, {args.sessions:,} sessions, {len(payloads):,} payloads "
         f"(1-{args.max_batch} actions each), K={args.threshold}, {args.partitions} partitions"
+        + (", URLs and descriptions with ids" if args.ids else "")
     )
     if args.mode == "accumulate":
         return await run_accumulate(args, payloads, raw, actions)

@@ -35,7 +35,12 @@ async def bench_latency(args: argparse.Namespace) -> dict[str, float]:
     await ensure_topics(settings)
     seconds, warmup_s = args.latency_seconds, 5.0
     payloads = workload(
-        int(args.rate * (seconds + warmup_s)), 500, seed=args.seed + 1, min_batch=1, max_batch=3
+        int(args.rate * (seconds + warmup_s)),
+        500,
+        seed=args.seed + 1,
+        min_batch=1,
+        max_batch=3,
+        ids=args.ids,
     )
     # The first seconds after start-up (first fetches, metadata, group settling)
     # are not steady state: histograms are snapshotted after a warm-up and the

@@ -18,29 +18,18 @@ import random
 import subprocess
 import sys
 import time
-import uuid
 
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.pii import PiiFilter
 from schemas import ActionsPayload
+from scripts.bench.workload import url_with_ids
 
 KEY = b"bench-key-not-a-secret-012345678"
 
 
 def _with_ids(raw: dict, rng: random.Random) -> dict:
-    def url() -> str:
-        kind = rng.random()
-        if kind < 0.4:
-            project, task = rng.randrange(10**5), rng.randrange(10**4)
-            return f"https://app.example.com/projects/{project}/tasks/{task}?tab=board"
-        if kind < 0.7:
-            return f"https://app.example.com/docs/{uuid.UUID(int=rng.getrandbits(128))}/edit"
-        if kind < 0.9:
-            return f"https://app.example.com/orders/{rng.randrange(10**7, 10**9)}"
-        return "https://app.example.com/settings"
-
     actions = [
-        {**a, "raw_url": url(), "description": f"Opened item {rng.randrange(10**4)}"}
+        {**a, "raw_url": url_with_ids(rng), "description": f"Opened item {rng.randrange(10**4)}"}
         for a in raw["actions"]  # type: ignore[union-attr]
     ]
     return {**raw, "actions": actions}

@@ -8,6 +8,7 @@ import gc
 import os
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,14 +30,40 @@ def bench_parser(prog: str, description: str | None) -> argparse.ArgumentParser:
     add("--max-batch", type=int, default=3)
     add("--partitions", type=int, default=8)
     add("--seed", type=int, default=1)
+    add("--ids", action="store_true",
+        help="every action with a URL and a description that carry ids, as a real app's do "
+        "(numbers of 4-9 digits, UUIDs): text the PII filter's cache cannot serve")  # fmt: skip
     return parse
 
 
+def url_with_ids(rng: random.Random) -> str:
+    """A page's URL as a real app writes it: project and task numbers, a document's UUID,
+    an order number, or none."""
+    kind = rng.random()
+    if kind < 0.4:
+        project, task = rng.randrange(10**5), rng.randrange(10**4)
+        return f"https://app.example.com/projects/{project}/tasks/{task}?tab=board"
+    if kind < 0.7:
+        return f"https://app.example.com/docs/{uuid.UUID(int=rng.getrandbits(128))}/edit"
+    if kind < 0.9:
+        return f"https://app.example.com/orders/{rng.randrange(10**7, 10**9)}"
+    return "https://app.example.com/settings"
+
+
 def workload(
-    actions: int, sessions: int, seed: int, *, min_batch: int, max_batch: int, stamp: bool = False
+    actions: int,
+    sessions: int,
+    seed: int,
+    *,
+    min_batch: int,
+    max_batch: int,
+    stamp: bool = False,
+    ids: bool = False,
 ) -> list[dict[str, Any]]:
-    """Interleaved batches of 1-3 actions over `sessions` sessions, `actions` in total."""
+    """Interleaved batches of 1-3 actions over `sessions` sessions, `actions` in total;
+    ``ids``: their URLs and descriptions carry ids (:func:`url_with_ids`)."""
     rng = random.Random(seed)
+    ids_rng = random.Random(seed + 7)
     per_session = [actions // sessions] * sessions
     next_index = [0] * sessions
     payloads: list[dict[str, Any]] = []
@@ -58,6 +85,10 @@ def workload(
             }
             for j in range(n)
         ]
+        if ids:
+            for act in acts:
+                act["raw_url"] = url_with_ids(ids_rng)
+                act["description"] = f"Opened item {ids_rng.randrange(10**4)}"
         next_index[i] += n
         payloads.append(
             {
