@@ -95,11 +95,11 @@ class PiiFilter:
         tag = "".join(_TAG_LETTERS[b % len(_TAG_LETTERS)] for b in digest[:6])
         return f"<{kind}_{tag}>"
 
-    def _detect(
-        self, text: str, kind: str, detector: Detector, session_key: str, hits: list[str]
+    def _replace(
+        self, text: str, kind: str, found: Iterable[Span], session_key: str, hits: list[str]
     ) -> str:
-        found = list(detector(text))
-        if not found:  # most fields: no placeholder scan, no sort
+        found = list(found)
+        if not found:  # a custom detector's generator that yielded nothing
             return text
         taken = [(m.start(), m.end()) for m in PLACEHOLDER.finditer(text)]
         spans: list[Span] = []
@@ -130,7 +130,9 @@ class PiiFilter:
 
     def _detectors_on(self, text: str, session_key: str, hits: list[str]) -> str:
         for kind, detector in self._detectors:
-            text = self._detect(text, kind, detector, session_key, hits)
+            found = detector(text)
+            if found:  # most fields: an empty list, no placeholder scan, no sort
+                text = self._replace(text, kind, found, session_key, hits)
         return text
 
     def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import string
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from itertools import product
 
@@ -21,7 +21,9 @@ from phonenumbers import PhoneMetadata
 __all__ = ["BUILT_IN", "Detector", "Span", "regex_detector"]
 
 Span = tuple[int, int, str]
-Detector = Callable[[str], Iterator[Span]]
+# Built-ins return lists (an empty one costs a third of an exhausted generator's call);
+# a custom detector may yield its spans.
+Detector = Callable[[str], Iterable[Span]]
 # The `in` checks below skip scans that cannot match; False runs every scan, for
 # test_fast_path_is_exact_* which compares both paths.
 _GATED = True
@@ -34,13 +36,15 @@ _EMAIL = re.compile(
 )
 
 
-def emails(text: str) -> Iterator[Span]:
+def emails(text: str) -> list[Span]:
     if _GATED and "@" not in text:  # a character every match holds: `in` beats the scan
-        return
+        return []
+    found: list[Span] = []
     for m in _EMAIL.finditer(text):
         local = m.group(0)[: m.start(1) - m.start() - 1]
         if len(local) <= 64 and len(m.group(0)) <= 254:
-            yield m.start(), m.end(), m.group(0).lower()
+            found.append((m.start(), m.end(), m.group(0).lower()))
+    return found
 
 
 # Long enough to be a payment card; separators are single spaces or dashes.
@@ -66,13 +70,15 @@ def _digit_count(text: str) -> int:
     return sum(map(str.isdigit, text))  # isdigit holds for every \d (Unicode Nd) and more
 
 
-def cards(text: str) -> Iterator[Span]:
+def cards(text: str) -> list[Span]:
     if _GATED and _digit_count(text) < 13:
-        return
+        return []
+    found: list[Span] = []
     for m in _CARD.finditer(text):
         digits = re.sub(r"\D", "", m.group(0))
         if 13 <= len(digits) <= 19 and _CARD_PREFIX.match(digits) and _luhn(digits):
-            yield m.start(), m.end(), digits
+            found.append((m.start(), m.end(), digits))
+    return found
 
 
 # Lengths from the SWIFT IBAN registry: a country's length bounds the match, so the
@@ -89,9 +95,10 @@ _IBAN_LENGTHS = {
 _IBAN_START = re.compile(r"\b([A-Z]{2})\d{2}")
 
 
-def ibans(text: str) -> Iterator[Span]:
+def ibans(text: str) -> list[Span]:
     if _GATED and text.lower() == text:  # no capital letter: no A-Z to start one
-        return
+        return []
+    found: list[Span] = []
     for m in _IBAN_START.finditer(text):
         length = _IBAN_LENGTHS.get(m.group(1))
         if length is None:
@@ -108,14 +115,16 @@ def ibans(text: str) -> Iterator[Span]:
             continue
         iban = "".join(chars)
         if int("".join(str(int(c, 36)) for c in iban[4:] + iban[:4])) % 97 == 1:
-            yield m.start(), end, iban
+            found.append((m.start(), end, iban))
+    return found
 
 
 _IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?!\.?\d)")
 _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|:)?(?![\w:])")
 
 
-def ip_addresses(text: str) -> Iterator[Span]:
+def ip_addresses(text: str) -> list[Span]:
+    found: list[Span] = []
     for pattern, needed in ((_IPV4, "."), (_IPV6, ":")):
         if _GATED and text.count(needed) < (3 if needed == "." else 2):  # a.b.c.d; a:b:c
             continue
@@ -125,17 +134,17 @@ def ip_addresses(text: str) -> Iterator[Span]:
             except ValueError:
                 continue
             if m.group(0) != "::":
-                yield m.start(), m.end(), str(address)
+                found.append((m.start(), m.end(), str(address)))
+    return found
 
 
 _SSN = re.compile(r"(?<![\w-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\w-])")
 
 
-def ssns(text: str) -> Iterator[Span]:
+def ssns(text: str) -> list[Span]:
     if _GATED and "-" not in text:
-        return
-    for m in _SSN.finditer(text):
-        yield m.start(), m.end(), m.group(0)
+        return []
+    return [(m.start(), m.end(), m.group(0)) for m in _SSN.finditer(text)]
 
 
 _API_KEY = re.compile(
@@ -168,7 +177,8 @@ def _has(words: tuple[str, ...], text: str) -> bool:
     return False
 
 
-def secrets(text: str) -> Iterator[Span]:
+def secrets(text: str) -> list[Span]:
+    found: list[Span] = []
     low = text.lower() if _GATED and text.isascii() else None
     patterns = [
         (_JWT, 0, not _GATED or "eyJ" in text),
@@ -179,7 +189,8 @@ def secrets(text: str) -> Iterator[Span]:
     for pattern, group, may_match in patterns:
         if may_match:
             for m in pattern.finditer(text):
-                yield m.start(group), m.end(group), m.group(group)
+                found.append((m.start(group), m.end(group), m.group(group)))
+    return found
 
 
 # libphonenumber's own candidate pattern (a private name: without it, only the digit count
@@ -279,13 +290,15 @@ class Phones:
             return True
         return any(self._enough_in(m.group()) for m in _CANDIDATES.finditer(text))
 
-    def __call__(self, text: str) -> Iterator[Span]:
+    def __call__(self, text: str) -> list[Span]:
         if _GATED and not self._may_hold_one(text):
-            return
+            return []
         leniency = phonenumbers.Leniency.VALID
+        found: list[Span] = []
         for m in phonenumbers.PhoneNumberMatcher(text, self.region, leniency=leniency):
             e164 = phonenumbers.format_number(m.number, phonenumbers.PhoneNumberFormat.E164)
-            yield m.start, m.end, e164
+            found.append((m.start, m.end, e164))
+        return found
 
 
 def regex_detector(pattern: re.Pattern[str]) -> Detector:
