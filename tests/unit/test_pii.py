@@ -59,6 +59,10 @@ def kinds(text: str) -> list[str]:
         ("https://app.example.com/cb?code=x1y2z3&state=ok", "TOKEN", "x1y2z3"),
         ("https://app.example.com/r?session_id=abc987&page=2", "TOKEN", "abc987"),
         ("https://app.example.com/u?to=ann%40corp.io", "EMAIL", "ann%40corp.io"),
+        # a redirect's own query, encoded or not: the values under sensitive names too
+        ("https://a.io/in?next=https%3A%2F%2Fa.io%2Fcb%3Fcode%3Dq1w2e3", "TOKEN", "q1w2e3"),
+        ("https://app.example.com/in?next=/cb?state=1&access_token=z9y8x7w6", "TOKEN", "z9y8x7w6"),
+        ("https://app.example.com/in?return_to=/cb%3Fsid%3Dk4j5h6", "TOKEN", "k4j5h6"),
     ],
 )
 def test_detectors_find_and_replace(pii: PiiFilter, text: str, kind: str, secret: str) -> None:
