@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from schemas.text import one_line_each
 
-__all__ = ["ActionsPayload", "SlimAction", "action_text", "numbered_text"]
+__all__ = ["ACTION_TEXT_FIELDS", "ActionsPayload", "SlimAction", "action_text", "numbered_text"]
 
 _TEXT_FIELDS = ("title", "description", "canonical_url", "type", "raw_url")
 _TIMESTAMP_FIELDS = ("timestamp_start", "timestamp_end")
@@ -147,6 +147,11 @@ class ActionsPayload(BaseModel):
 def action_text(action: SlimAction) -> str:
     """:meth:`SlimAction.to_text` of a SlimAction or its Struct (``schemas.fast.Action``)."""
     return f"[{action.index}] {action.type}: {action.description} — {action.canonical_url}"
+
+
+# What action_text reads: the default prompt's PII pass filters these fields only
+# (test_summarize.py::test_the_default_prompt_is_filtered_on_the_fields_it_reads).
+ACTION_TEXT_FIELDS = frozenset({"index", "type", "description", "canonical_url"})
 
 
 def numbered_text(session_id: str, actions: Sequence[SlimAction], seq_from: int) -> str:

@@ -21,7 +21,7 @@ import logging
 import re
 import secrets as random_secrets
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, TypeVar
 from urllib.parse import unquote, unquote_plus
 
@@ -180,10 +180,18 @@ class PiiFilter:
         text = self._query_values(text, session_key, hits)
         return self._detectors_on(text, session_key, hits)
 
-    def redact(self, payloads: list[P], session_key: str) -> list[P]:
-        """The payloads with every field of :data:`FIELD_POLICY` filtered: new ones where
-        something was found, else the same objects (the input is never modified)."""
-        return [self._payload(p, session_key) for p in payloads]
+    def redact(
+        self, payloads: list[P], session_key: str, fields: Collection[str] | None = None
+    ) -> list[P]:
+        """The payloads with every field of :data:`FIELD_POLICY` filtered, or only those of
+        ``fields`` (what a prompt reads): new ones where something was found, else the same
+        objects (the input is never modified)."""
+        action_fields: tuple[str, ...] = _ACTION_FIELDS
+        payload_fields: tuple[str, ...] = _PAYLOAD_FIELDS
+        if fields is not None:
+            action_fields = tuple(n for n in action_fields if n in fields)
+            payload_fields = tuple(n for n in payload_fields if n in fields)
+        return [self._payload(p, session_key, action_fields, payload_fields) for p in payloads]
 
     def _fields(self, obj: object, names: Iterable[str], session_key: str) -> dict[str, object]:
         update: dict[str, object] = {}
@@ -195,13 +203,19 @@ class PiiFilter:
                     update[name] = redacted
         return update
 
-    def _payload(self, payload: P, session_key: str) -> P:
+    def _payload(
+        self,
+        payload: P,
+        session_key: str,
+        action_fields: tuple[str, ...],
+        payload_fields: tuple[str, ...],
+    ) -> P:
         actions, changed = [], False
         for action in payload.actions:
-            update = self._fields(action, _ACTION_FIELDS, session_key)
+            update = self._fields(action, action_fields, session_key)
             actions.append(_copy(action, update) if update else action)
             changed = changed or bool(update)
-        changes = self._fields(payload, _PAYLOAD_FIELDS, session_key)
+        changes = self._fields(payload, payload_fields, session_key)
         if not (changed or changes):
             return payload  # nothing found: the same values, without a copy (test_pii.py)
         changes["actions"] = actions

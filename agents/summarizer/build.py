@@ -26,6 +26,7 @@ from agents.summarizer.prompting import (
 from agents.summarizer.protocol import Summarizer
 from agents.summarizer.resilience import ResilientLLM
 from schemas import ActionsPayload
+from schemas.actions import ACTION_TEXT_FIELDS
 from schemas.fast import payload_model
 from streams.hooks import load_callable
 from streams.settings import ConfigurationError, Settings
@@ -76,7 +77,10 @@ class LLMSummarizer(Summarizer):
             # fold (agents/summarize/) is made from raw actions, and a summary from before a
             # restart is not known. 0.6-0.7 ms a 1,500-char summary (the secret, card, IP patterns)
             # (test_summarize.py::test_the_pii_pass_skips_only_summaries_its_model_wrote).
-            payloads = pii.redact(payloads, session)
+            # The default formatter reads a few fields: the others (a raw URL with its ids,
+            # the dearest to filter) never reach the model, so they are not filtered.
+            default = self._formatter is default_format_actions
+            payloads = pii.redact(payloads, session, ACTION_TEXT_FIELDS if default else None)
             if previous and not self._wrote(session, previous):
                 previous = pii.redact_text(previous, session)
         if self._formatter is not default_format_actions:  # user code: it gets the models

@@ -190,3 +190,81 @@ async def test_the_pii_pass_skips_only_summaries_its_model_wrote() -> None:
     other = [ActionsPayload.model_validate({**batch(1, 2), "session_id": "s2"})]
     await summarizer.summarize(str(first), other, total=2)  # s1's summary, seen in s2
     assert pii.texts.count(str(first)) == 1
+
+
+_PII_EVERYWHERE = {
+    "session_id": "s1",
+    "user_id": "ann@corp.io",
+    "email": "ann@corp.io",
+    "actions": [
+        {
+            "type": "input",
+            "title": "Called (415) 555-0132",
+            "description": "Mailed ann@corp.io the card 4111 1111 1111 1111",
+            "canonical_url": "https://app.example.com/u/ann@corp.io",
+            "raw_url": "https://app.example.com/u?token=abc123xyz&phone=4155550132",
+            "user_id": "ann@corp.io",
+            "email": "ann@corp.io",
+        }
+    ],
+}
+
+
+async def test_the_default_prompt_is_filtered_on_the_fields_it_reads() -> None:
+    """The default formatter reads a few fields (``ACTION_TEXT_FIELDS``): only those are
+    filtered, the same prompt as filtering every field; a user's formatter gets all filtered."""
+    from agents.pii import PiiFilter
+    from agents.summarizer.prompting import build_prompt
+
+    class Spy(PiiFilter):
+        texts: list[str]
+
+        def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:
+            self.texts.append(text)
+            return super().redact_text(text, session_key, policy)
+
+    prompts: list[str] = []
+
+    async def llm(prompt: str) -> str:
+        prompts.append(prompt)
+        return "ok"
+
+    def raw_urls(payloads: list[ActionsPayload]) -> str:  # a user's formatter
+        return "\n".join(a.raw_url or "" for p in payloads for a in p.actions)
+
+    payloads = [ActionsPayload.model_validate(_PII_EVERYWHERE)]
+    for formatter in (default_format_actions, raw_urls):
+        pii = Spy(key=b"a-test-key-0123456789")
+        pii.texts = []
+        summarizer = LLMSummarizer(
+            ResilientLLM.from_settings(llm, Settings()),
+            template=DEFAULT_PROMPT,
+            formatter=formatter,
+            max_chars=500,
+            pii=pii,
+        )
+        await summarizer.summarize(None, payloads, total=1)
+        scanned = list(pii.texts)
+        everything = build_prompt(DEFAULT_PROMPT, None, pii.redact(payloads, "s1"), formatter)
+        assert prompts[-1] == everything
+        for secret in ("555-0132", "ann@corp.io", "4111", "abc123xyz"):
+            assert secret not in prompts[-1]
+        raw_url = payloads[0].actions[0].raw_url
+        assert (raw_url in scanned) == (formatter is raw_urls), scanned
+    assert "<TOKEN_" in prompts[-1] and "<EMAIL_" in prompts[0] and "<CARD_" in prompts[0]
+
+
+def test_action_text_reads_only_action_text_fields() -> None:
+    """``ACTION_TEXT_FIELDS`` names every field ``action_text`` reads: the default prompt's
+    PII pass filters those only, so a field it reads and does not list would go unfiltered."""
+    from schemas.actions import ACTION_TEXT_FIELDS, SlimAction, action_text
+
+    action = SlimAction.model_validate({"type": "click", "index": 7})
+    fields = {
+        name: f"<{name}-marker>"
+        for name, info in SlimAction.model_fields.items()
+        if info.annotation in (str, str | None)
+    }
+    text = action_text(action.model_copy(update=fields))
+    for name, marker in fields.items():
+        assert (marker in text) == (name in ACTION_TEXT_FIELDS), name
