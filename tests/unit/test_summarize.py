@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from agents.pii import PiiFilter
 from agents.summarize import CARRY_MAX_BYTES, SummaryState, fold_large_carry
 from agents.summarize.state import count_facts, summary_operation
 from agents.summarizer import DEFAULT_PROMPT, LLMSummarizer, ResilientLLM, default_format_actions
@@ -150,19 +151,31 @@ async def test_the_stage_requests_batches_give_the_prompt_models_give() -> None:
     assert seen == [ActionsPayload, ActionsPayload]
 
 
+class _SpyPii(PiiFilter):
+    """The PII filter, recording every text it is asked to filter."""
+
+    def __init__(self) -> None:
+        super().__init__(key=b"a-test-key-0123456789")
+        self.texts: list[str] = []
+
+    def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:
+        self.texts.append(text)
+        return super().redact_text(text, session_key, policy)
+
+
+def _spied(llm: Any, formatter: Any = default_format_actions) -> tuple[LLMSummarizer, _SpyPii]:
+    pii = _SpyPii()
+    resilient = ResilientLLM.from_settings(llm, Settings())
+    summarizer = LLMSummarizer(
+        resilient, template=DEFAULT_PROMPT, formatter=formatter, max_chars=500, pii=pii
+    )
+    return summarizer, pii
+
+
 async def test_the_pii_pass_skips_only_summaries_its_model_wrote() -> None:
     """A summary the model wrote from filtered input is not filtered again as the next
     prompt's previous summary (0.6-1.5 ms a 1,500-char summary); any other previous is: an
     offline fold from raw actions, one from before a restart, another session's."""
-    from agents.pii import PiiFilter
-
-    class Spy(PiiFilter):
-        texts: list[str]
-
-        def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:
-            self.texts.append(text)
-            return super().redact_text(text, session_key, policy)
-
     answers = iter(["Model wrote: user exported twice.", "Model wrote more.", "x", "y"])
     prompts: list[str] = []
 
@@ -170,15 +183,7 @@ async def test_the_pii_pass_skips_only_summaries_its_model_wrote() -> None:
         prompts.append(prompt)
         return next(answers)
 
-    pii = Spy(key=b"a-test-key-0123456789")
-    pii.texts = []
-    summarizer = LLMSummarizer(
-        ResilientLLM.from_settings(llm, Settings()),
-        template=DEFAULT_PROMPT,
-        formatter=default_format_actions,
-        max_chars=500,
-        pii=pii,
-    )
+    summarizer, pii = _spied(llm)
     first = await summarizer.summarize(None, request_of(1, 4).batches, total=4)
     await summarizer.summarize(str(first), request_of(5, 4).batches, total=8)
     assert str(first) not in pii.texts  # the model's own words: not scanned again
@@ -213,15 +218,7 @@ _PII_EVERYWHERE = {
 async def test_the_default_prompt_is_filtered_on_the_fields_it_reads() -> None:
     """The default formatter reads a few fields (``ACTION_TEXT_FIELDS``): only those are
     filtered, the same prompt as filtering every field; a user's formatter gets all filtered."""
-    from agents.pii import PiiFilter
     from agents.summarizer.prompting import build_prompt
-
-    class Spy(PiiFilter):
-        texts: list[str]
-
-        def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:
-            self.texts.append(text)
-            return super().redact_text(text, session_key, policy)
 
     prompts: list[str] = []
 
@@ -234,15 +231,7 @@ async def test_the_default_prompt_is_filtered_on_the_fields_it_reads() -> None:
 
     payloads = [ActionsPayload.model_validate(_PII_EVERYWHERE)]
     for formatter in (default_format_actions, raw_urls):
-        pii = Spy(key=b"a-test-key-0123456789")
-        pii.texts = []
-        summarizer = LLMSummarizer(
-            ResilientLLM.from_settings(llm, Settings()),
-            template=DEFAULT_PROMPT,
-            formatter=formatter,
-            max_chars=500,
-            pii=pii,
-        )
+        summarizer, pii = _spied(llm, formatter)
         await summarizer.summarize(None, payloads, total=1)
         scanned = list(pii.texts)
         everything = build_prompt(DEFAULT_PROMPT, None, pii.redact(payloads, "s1"), formatter)
