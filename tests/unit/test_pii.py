@@ -547,3 +547,16 @@ def test_phones_gate_uses_libphonenumber_s_own_candidates() -> None:
     assert phones.fewest_national == 10  # without 011 in it: a US number
     assert not phones._may_hold_one("https://app.example.com/orders/123456789")
     assert phones._may_hold_one("call 011 43 1234")  # dialled out: parsed as +43 1234
+
+
+def test_phones_gate_without_libphonenumber_s_pattern_is_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the private pattern is gone (another phonenumbers), neither the candidates nor
+    the characters they are made of are known: the text's digit count alone gates."""
+    phones = detectors.Phones("US")
+    texts = _phone_texts()
+    plain = _plain(monkeypatch, lambda: [list(phones(t)) for t in texts])
+    monkeypatch.setattr(detectors, "_CANDIDATES", None)
+    assert [list(phones(t)) for t in texts] == plain
+    assert not phones._may_hold_one("https://app.example.com/orders/123456789")  # 9 digits
