@@ -71,6 +71,7 @@ class LLMSummarizer(Summarizer):
         self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
     ) -> str:
         pii, session = self._pii, payloads[0].session_id if payloads else None
+        default = self._formatter is default_format_actions
         if pii is not None and session is not None:
             # Before formatting, so a custom formatter sees placeholders too. The previous
             # summary as well, unless this model wrote it from filtered input: an offline
@@ -79,11 +80,10 @@ class LLMSummarizer(Summarizer):
             # (test_summarize.py::test_the_pii_pass_skips_only_summaries_its_model_wrote).
             # The default formatter reads a few fields: the others (a raw URL with its ids,
             # the dearest to filter) never reach the model, so they are not filtered.
-            default = self._formatter is default_format_actions
             payloads = pii.redact(payloads, session, ACTION_TEXT_FIELDS if default else None)
             if previous and not self._wrote(session, previous):
                 previous = pii.redact_text(previous, session)
-        if self._formatter is not default_format_actions:  # user code: it gets the models
+        if not default:  # user code: it gets the models
             payloads = [payload_model(p) for p in payloads]
         prompt = build_prompt(self._template, previous, payloads, self._formatter)
         answer = await self.llm(prompt)
