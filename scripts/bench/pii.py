@@ -22,17 +22,13 @@ import time
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.pii import PiiFilter
 from schemas import ActionsPayload
-from scripts.bench.workload import url_with_ids
+from scripts.bench.workload import with_ids
 
 KEY = b"bench-key-not-a-secret-012345678"
 
 
 def _with_ids(raw: dict, rng: random.Random) -> dict:
-    actions = [
-        {**a, "raw_url": url_with_ids(rng), "description": f"Opened item {rng.randrange(10**4)}"}
-        for a in raw["actions"]  # type: ignore[union-attr]
-    ]
-    return {**raw, "actions": actions}
+    return {**raw, "actions": [with_ids(a, rng) for a in raw["actions"]]}  # type: ignore[union-attr]
 
 
 def measure(sessions: int, repeat: int, cache: bool = True, ids: bool = False) -> float:

@@ -50,6 +50,12 @@ def url_with_ids(rng: random.Random) -> str:
     return "https://app.example.com/settings"
 
 
+def with_ids(action: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """``action`` with a URL and a description that carry ids, as a real app's do."""
+    url = url_with_ids(rng)
+    return {**action, "raw_url": url, "description": f"Opened item {rng.randrange(10**4)}"}
+
+
 def workload(
     actions: int,
     sessions: int,
@@ -86,9 +92,7 @@ def workload(
             for j in range(n)
         ]
         if ids:
-            for act in acts:
-                act["raw_url"] = url_with_ids(ids_rng)
-                act["description"] = f"Opened item {ids_rng.randrange(10**4)}"
+            acts = [with_ids(act, ids_rng) for act in acts]
         next_index[i] += n
         payloads.append(
             {
