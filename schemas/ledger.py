@@ -49,6 +49,16 @@ DEFAULT_KEY_PATTERN = (
     r"|export|invite[d]?|connect)\b"
 )
 DEFAULT_ERROR_PATTERN = r"(?i)^error\b|\b(error|failed|exception)\b"
+# What every match of a default pattern holds, lower case: an ASCII text (where lower() folds
+# as (?i) does) holding none of them skips the search, 1.2 against 9-13 µs on a unique line
+# of 70-90 characters (tests/unit/test_ledger.py::test_the_default_patterns_gates_are_exact).
+_GATE_WORDS = {
+    DEFAULT_KEY_PATTERN: (
+        *("submit", "error", "button", "failed", "upgrade", "purchase", "checkout", "cancel"),
+        *("delete", "export", "invite", "connect"),
+    ),
+    DEFAULT_ERROR_PATTERN: ("error", "failed", "exception"),
+}
 
 
 @dataclass(frozen=True)
@@ -65,6 +75,8 @@ class LedgerLimits:
         # Compiled once per Limits (re caches too, but a lookup per action is measurable).
         object.__setattr__(self, "_key", re.compile(self.key_pattern))
         object.__setattr__(self, "_error", re.compile(self.error_pattern))
+        object.__setattr__(self, "_key_words", _GATE_WORDS.get(self.key_pattern))
+        object.__setattr__(self, "_error_words", _GATE_WORDS.get(self.error_pattern))
         object.__setattr__(self, "_kinds", {})
 
     def is_key(self, text: str) -> bool:
@@ -81,8 +93,26 @@ class LedgerLimits:
         if found is None:
             if len(kinds) >= KINDS_REMEMBERED:
                 kinds.clear()
-            found = kinds[text] = (self.is_error(text), self.is_key(text))
+            low = text.lower() if text.isascii() else None
+            found = kinds[text] = (
+                _search(self._error, self._error_words, text, low),  # type: ignore[attr-defined]
+                _search(self._key, self._key_words, text, low),  # type: ignore[attr-defined]
+            )
         return found
+
+
+def _search(
+    pattern: re.Pattern[str], words: tuple[str, ...] | None, text: str, low: str | None
+) -> bool:
+    """``pattern.search(text)``, skipped when ``low`` (``text`` lower-cased, ASCII only)
+    holds none of the ``words`` that each of its matches holds."""
+    if words is not None and low is not None:
+        for word in words:
+            if word in low:
+                break
+        else:
+            return False
+    return pattern.search(text) is not None
 
 
 class LedgerEntry(BaseModel):

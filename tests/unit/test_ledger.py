@@ -3,6 +3,7 @@ stage from the batches of each request (``count_facts``) and carried by every su
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -15,7 +16,7 @@ from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.summarize.state import SummaryState, count_facts
 from schemas import ActionsPayload, SlimAction, SummarizeRequest, decode
 from schemas.fast import payload_struct
-from schemas.ledger import LedgerLimits, SessionLedger, count_batches, new_ledger
+from schemas.ledger import LedgerLimits, SessionLedger, _search, count_batches, new_ledger
 
 
 def counted_from_input(payloads: list[ActionsPayload], limits: LedgerLimits) -> dict[str, object]:
@@ -172,6 +173,47 @@ def test_remembered_kinds_are_the_searches_answers_past_the_bound() -> None:
     texts = [f"click: Button {i} error" if i % 3 else f"submit: form {i}" for i in range(5000)]
     for text in texts + texts[:10]:  # past KINDS_REMEMBERED: forgotten, then found again
         assert limits.kinds(text) == (limits.is_error(text), limits.is_key(text))
+
+
+# The default patterns' words with their suffixes, and the variants (?i) matches that
+# str.lower() does not fold (ſ for s, K for k, ı and İ for i): text holding them is not ASCII.
+_KIND_WORDS = [
+    *("submit", "form_submit", "submitted", "error", "button", "failed", "upgrade"),
+    *("purchase", "checkout", "cancel", "cancelled", "delete", "deleted", "export"),
+    *("invite", "invited", "connect", "exception", "ſubmit", "chec\u212aout", "faıled", "İnvite"),
+]
+
+
+@st.composite
+def kind_texts(draw: st.DrawFn) -> str:
+    """Lines of the words around word boundaries and inside longer words, in any case."""
+    piece = st.one_of(
+        st.sampled_from(_KIND_WORDS).flatmap(
+            lambda w: st.sampled_from([w, w.upper(), w.title(), w.swapcase(), w[:-1], w + "s"])
+        ),
+        st.text(alphabet="ab _:-.'\"1é", max_size=4),
+    )
+    return "".join(draw(st.lists(piece, max_size=8)))
+
+
+@settings(max_examples=600, deadline=None)
+@given(kind_texts())
+def test_the_default_patterns_gates_are_exact(text: str) -> None:
+    limits = LedgerLimits()
+    assert limits.kinds(text) == (limits.is_error(text), limits.is_key(text))
+
+
+def test_the_gate_skips_the_search_only_where_no_match_can_be() -> None:
+    class Unsearchable:
+        def search(self, text: str) -> None:
+            raise AssertionError(f"searched {text!r}")
+
+    words = ("error", "failed")
+    assert _search(Unsearchable(), words, "click: Saved", "click: saved") is False  # type: ignore[arg-type]
+    assert _search(re.compile("(?i)failed"), words, "FAILED x", "failed x") is True
+    assert _search(re.compile("(?i)failed"), words, "faıled", None) is True  # not ASCII: searched
+    custom = LedgerLimits(key_pattern=r"(?i)\bsaved\b")  # a user's pattern: no gate
+    assert custom.kinds("click: Saved") == (False, True)
 
 
 def _push(entries: list[dict[str, Any]], entry: dict[str, Any], keep: int) -> None:
