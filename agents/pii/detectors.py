@@ -93,10 +93,16 @@ _IBAN_LENGTHS = {
     ).split()
 }
 _IBAN_START = re.compile(r"\b([A-Z]{2})\d{2}")
+# ASCII capitals to "A", digits to "0", the rest to " ": in ASCII text (where \d is 0-9) a
+# start is "AA00" there (0.5 µs against the pattern's scan, 0.6-1.8 µs a line of text).
+_CAPITALS_DIGITS = bytes(65 if 65 <= c <= 90 else 48 if 48 <= c <= 57 else 32 for c in range(256))
 
 
 def ibans(text: str) -> list[Span]:
-    if _GATED and text.lower() == text:  # no capital letter: no A-Z to start one
+    if _GATED and (
+        text.lower() == text  # no capital letter: no A-Z to start one
+        or (text.isascii() and b"AA00" not in text.encode().translate(_CAPITALS_DIGITS))
+    ):
         return []
     found: list[Span] = []
     for m in _IBAN_START.finditer(text):
@@ -125,8 +131,10 @@ _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|:)?
 
 def ip_addresses(text: str) -> list[Span]:
     found: list[Span] = []
+    if _GATED and text.count(".") < 3 and text.count(":") < 2:  # a.b.c.d; a:b:c
+        return found
     for pattern, needed in ((_IPV4, "."), (_IPV6, ":")):
-        if _GATED and text.count(needed) < (3 if needed == "." else 2):  # a.b.c.d; a:b:c
+        if _GATED and text.count(needed) < (3 if needed == "." else 2):
             continue
         for m in pattern.finditer(text):
             try:
@@ -180,17 +188,21 @@ def _has(words: tuple[str, ...], text: str) -> bool:
 def secrets(text: str) -> list[Span]:
     found: list[Span] = []
     low = text.lower() if _GATED and text.isascii() else None
-    patterns = [
-        (_JWT, 0, not _GATED or "eyJ" in text),
-        (_API_KEY, 0, not _GATED or _has(_KEY_LITERALS, text)),
-        (_BEARER, 1, low is None or _has(_BEARER_WORDS, low)),
-        (_ASSIGNED, 1, low is None or (_has(_ASSIGNED_WORDS, low) and ("=" in low or ":" in low))),
-    ]
-    for pattern, group, may_match in patterns:
-        if may_match:
-            for m in pattern.finditer(text):
-                found.append((m.start(group), m.end(group), m.group(group)))
+    # Each gate asked only when its scan is next: most texts fail all four (1.5 against 0.9 µs).
+    if not _GATED or "eyJ" in text:
+        _scan(_JWT, 0, text, found)
+    if not _GATED or _has(_KEY_LITERALS, text):
+        _scan(_API_KEY, 0, text, found)
+    if low is None or _has(_BEARER_WORDS, low):
+        _scan(_BEARER, 1, text, found)
+    if low is None or (("=" in low or ":" in low) and _has(_ASSIGNED_WORDS, low)):
+        _scan(_ASSIGNED, 1, text, found)
     return found
+
+
+def _scan(pattern: re.Pattern[str], group: int, text: str, found: list[Span]) -> None:
+    for m in pattern.finditer(text):
+        found.append((m.start(group), m.end(group), m.group(group)))
 
 
 # libphonenumber's own candidate pattern (a private name: without it, only the digit count
