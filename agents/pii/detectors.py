@@ -293,10 +293,11 @@ class Phones:
         if _CANDIDATES is None:  # nor is the runs' character set known then
             return self._enough_in(text)
         if text.isascii():  # 1 µs: the candidate pattern's scan is 12 µs a URL with a UUID
-            plus = "+" in text
-            runs = _digit_runs(text)
-            fewest = self.fewest_digits
-            if not any(len(r) >= fewest and len(r) >= self._fewest(plus, r.decode()) for r in runs):
+            fewest, plus = self.fewest_digits, "+" in text
+            for run in _digit_runs(text):  # a loop: any() and its generator cost 0.5 µs more
+                if len(run) >= fewest and len(run) >= self._fewest(plus, run.decode()):
+                    break
+            else:
                 return False
         elif not self._enough_in(text):
             return False
