@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 from typing import Any, cast
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.accumulate.batches import DecodedStates, TableBatches
 from agents.accumulate.state import (
     Limits,
     MemoryBatchStore,
     SessionState,
+    _latest_end,
     already_applied,
     apply_payload,
     close_idle,
@@ -353,3 +357,12 @@ def test_a_change_is_written_batches_entry_then_deletions() -> None:
         ("s1", b"entry"),
         (batch_key("s1", 1), None),
     ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=6))
+def test_latest_end_is_max(ends: list[float]) -> None:
+    """The operation's ``acted_at``: what ``max(..., default=0.0)`` gives, NaNs included."""
+    actions = [SimpleNamespace(timestamp_end=end) for end in ends]
+    expected = max((a.timestamp_end for a in actions), default=0.0)
+    assert repr(_latest_end(actions)) == repr(expected)
