@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.actions import SlimAction
-from schemas.text import one_line
+from schemas.text import holds_any, one_line
 
 __all__ = [
     "DEFAULT_ERROR_PATTERN",
@@ -106,12 +106,8 @@ def _search(
 ) -> bool:
     """``pattern.search(text)``, skipped when ``low`` (``text`` lower-cased, ASCII only)
     holds none of the ``words`` that each of its matches holds."""
-    if words is not None and low is not None:
-        for word in words:
-            if word in low:
-                break
-        else:
-            return False
+    if words is not None and low is not None and not holds_any(words, low):
+        return False
     return pattern.search(text) is not None
 
 

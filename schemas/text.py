@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["PII_PLACEHOLDER", "one_line", "one_line_each", "printable"]
+__all__ = ["PII_PLACEHOLDER", "holds_any", "one_line", "one_line_each", "printable"]
 
 # What the PII filter (agents/pii) puts where a value was: <KIND_tag>. Sinks count
 # redactions with it without importing agents (tests/unit/test_pii.py).
@@ -49,3 +49,13 @@ def one_line_each(lines: list[str]) -> str:
     if "".join(lines).isprintable():
         return "\n".join(lines)
     return "\n".join(map(one_line, lines))
+
+
+def holds_any(words: tuple[str, ...], text: str) -> bool:
+    """Whether ``text`` holds one of ``words``: the gates that skip a search no match can be
+    in (``schemas.ledger``, ``agents.pii.detectors``). A loop: any() over a generator costs
+    more than these ``in`` checks."""
+    for word in words:
+        if word in text:
+            return True
+    return False

@@ -12,6 +12,7 @@ import re
 from agents.summarizer.prompting import cap_summary
 from agents.summarizer.protocol import Summarizer
 from schemas import ActionsPayload, SlimAction
+from schemas.text import holds_any
 
 __all__ = ["OfflineSummarizer", "offline_summary"]
 
@@ -22,7 +23,7 @@ _PREVIOUS_COUNT = re.compile(r"^(\d+) actions? so far")
 
 def _is_key(action: SlimAction) -> bool:
     text = f"{action.type} {action.title} {action.description}".lower()
-    return any(word in text for word in _KEY_TYPES)
+    return holds_any(_KEY_TYPES, text)
 
 
 def _page(action: SlimAction) -> str:
