@@ -133,10 +133,11 @@ _IPV6 = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}(?:[0-9A-Fa-f]{1,4}|:)?
 
 def ip_addresses(text: str) -> list[Span]:
     found: list[Span] = []
-    if _GATED and text.count(".") < 3 and text.count(":") < 2:  # a.b.c.d; a:b:c
+    ipv4, ipv6 = text.count(".") >= 3, text.count(":") >= 2  # a.b.c.d; a:b:c
+    if _GATED and not (ipv4 or ipv6):
         return found
-    for pattern, needed in ((_IPV4, "."), (_IPV6, ":")):
-        if _GATED and text.count(needed) < (3 if needed == "." else 2):
+    for pattern, may_match in ((_IPV4, ipv4), (_IPV6, ipv6)):
+        if _GATED and not may_match:
             continue
         for m in pattern.finditer(text):
             try:
