@@ -22,6 +22,22 @@ else
   echo "[setup] .venv is up to date"
 fi
 
+# The accumulator's compiled transition (native/, Rust through PyO3 and maturin): built
+# where cargo is (rustup puts it in ~/.cargo/bin); without it the Python transition runs
+# alone and writes the same bytes (agents/accumulate/compiled.py).
+[[ -x $HOME/.cargo/bin/cargo ]] && PATH="$PATH:$HOME/.cargo/bin"
+native_stamp=".venv/.native-$(cat native/Cargo.toml native/Cargo.lock native/src/*.rs | sha256sum | cut -c1-16)"
+if [[ ! -f $native_stamp ]]; then
+  if command -v cargo >/dev/null 2>&1; then
+    echo "[setup] building the compiled transition (native/, Rust: a minute the first time)"
+    .venv/bin/python -m pip install --disable-pip-version-check -q ./native
+    rm -f .venv/.native-*
+    touch "$native_stamp"
+  else
+    echo "[setup] no cargo: the accumulator's transition runs in Python (install Rust to compile it)"
+  fi
+fi
+
 # The session view's browser test (tests/integration/test_view.py) drives a headless Chromium.
 # Debian's packages, installed when missing and apt-get can (as root, or sudo
 # without a password); otherwise that test skips and says why.

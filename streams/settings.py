@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     stall_warning_s: float = Field(default=60.0, gt=0)
     # On SIGTERM, how long messages in progress may take before they are left to replay.
     stop_grace_s: float = Field(default=10.0, ge=0)
+    # The accumulator's compiled transition (native/, where built): off, every payload takes
+    # the Python one, which writes the same bytes (agents/accumulate/compiled.py).
+    compiled: bool = True
 
     # Privacy (agents/pii): where the PII filter applies ("llm", "llm,destinations", "off"),
     # the key its placeholders are derived from, custom patterns "NAME=regex;...".

@@ -21,12 +21,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import cast
+from functools import partial
+from typing import NamedTuple, cast
 
 import orjson
 from faust.types import Message
 
 from agents.accumulate.batches import DecodedStates, TableBatches, oversized
+from agents.accumulate.compiled import apply_compiled, compiled_for
 from agents.accumulate.state import (
     Emission,
     Limits,
@@ -63,6 +65,19 @@ log = logging.getLogger(__name__)
 BATCH_MAX = 64
 
 
+class Transition(NamedTuple):
+    """What one payload did: its session's new entry, what to emit, whether the session
+    had an entry, the actions applied, and the state the entry encodes (None: applied by
+    the compiled transition, which decodes none)."""
+
+    session_id: str
+    entry: bytes
+    out: list[Emission]
+    existed: bool
+    actions: int
+    state: SessionState | None
+
+
 class Accumulator:
     """The agent and its timers over one sessions table; ``register`` wires them."""
 
@@ -95,6 +110,8 @@ class Accumulator:
         self.state_lock = asyncio.Lock()
         self.debouncing: set[str] = set()
         self.source = BatchSource(app, topics.actions, max_buffered=settings.batch_buffer)
+        self.compiled = compiled_for(self.limits, enabled=settings.compiled)
+        self.entry = partial(writes.get, sessions)  # a session's entry, for the compiled path
         self.pacer = ScanPacer("accumulate.expire_idle")
 
     def load(self, session_id: str) -> SessionState | None:
@@ -137,50 +154,65 @@ class Accumulator:
             await asyncio.sleep(0)  # its messages go out while the next batch is applied
 
     async def apply_messages(self, messages: list[Message]) -> None:
-        writes, source, store, limits = self.writes, self.source, self.store, self.limits
-        dead_letters, load = self.dead_letters, self.load
+        writes, source, store = self.writes, self.source, self.store
+        dead_letters = self.dead_letters
         emissions: list[tuple[str, Emission]] = []
-        now, applied = time.time(), 0
+        now, applied, compiled = time.time(), 0, 0
         for message in messages:
             writes.track(source, message)
             if b'"erase"' in (message.value or b"") and (erase := _erase_request(message)):
                 emissions.extend(self.forget(erase, now))
                 continue
             try:
-                payload = decode_payload(message.value)
+                done = self.transition(message, now)
             except InvalidMessage as exc:
                 await dead_letters.write(message, exc.reason)
                 continue
-            sid = payload.session_id
-            state = load(sid)
-            is_new = state is None
-            if already_applied(state, message.offset):
+            if done is None:
                 metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
                 continue
-            state, out = apply_payload(
-                state,
-                payload,
-                message.offset,
-                limits,
-                now,
-                store=store,
-                ingested_at=message.timestamp,
-            )
-            raw = state.to_bytes()
+            sid, raw, out, existed, actions, state = done
+            compiled += state is None
             if too_large := oversized(raw, out):
                 # An operation or state entry over the broker's limit made the send raise
                 # (tests/integration/test_reliability.py): dead-lettered, nothing of it stored.
                 store.discard()
                 await dead_letters.write(message, too_large)
                 continue
-            self.save(sid, raw, existed=not is_new, state=state)
+            self.save(sid, raw, existed=existed, state=state)
             emissions.extend((sid, e) for e in out)
-            applied += len(payload.actions)
-            if state.debounce:
+            applied += actions
+            if state is not None and state.debounce:
                 self.debouncing.add(sid)
         metrics.ACTIONS_IN.inc(applied)  # once per batch: prometheus_client locks per call
+        metrics.COMPILED_PAYLOADS.inc(compiled)
         await self.emit(emissions)
         await writes.seal()
+
+    def transition(self, message: Message, now: float) -> Transition | None:
+        """One payload applied to its session: by the compiled transition, or where it
+        declines (or is not built) by the Python one; None for an offset applied before."""
+        value, offset = message.value, message.offset
+        if self.compiled and value is not None:
+            done = apply_compiled(
+                value, self.entry, offset, self.limits, now, self.store, message.timestamp
+            )
+            if done is not None:
+                sid, entry, out, existed, actions = done
+                return (
+                    None if entry is None else Transition(sid, entry, out, existed, actions, None)
+                )
+        payload = decode_payload(value)
+        sid = payload.session_id
+        state = self.load(sid)
+        if already_applied(state, offset):
+            return None
+        existed = state is not None
+        at = message.timestamp
+        state, out = apply_payload(
+            state, payload, offset, self.limits, now, store=self.store, ingested_at=at
+        )
+        return Transition(sid, state.to_bytes(), out, existed, len(payload.actions), state)
 
     def forget(self, erase: EraseRequest, now: float) -> list[tuple[str, Emission]]:
         """Erase a session here: its state and pending batches; tell the later stages."""

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import time
+from typing import cast
 
 import orjson
 from aiokafka import AIOKafkaConsumer
@@ -86,13 +87,17 @@ async def bench_sdk(
     return actions / (time.perf_counter() - start), cpu * 1e6 / actions
 
 
-def bench_transition(payload_bytes: list[bytes], actions: int, threshold: int) -> float:
+def bench_transition(
+    payload_bytes: list[bytes], actions: int, threshold: int, *, compiled: bool
+) -> float:
     """Our accumulator's own work per payload, in this process: no Kafka, no summarizer.
 
     What (c) does beside the SDK's work, minus the plumbing: decode and validate the
     payload, load the session's entry, apply it (the stored batch, the operation, the
-    summarize request at K), encode the entry again.
+    summarize request at K), encode the entry again. ``compiled``: as the stage does it
+    with the compiled transition (``agents/accumulate/compiled.py``), else in Python.
     """
+    from agents.accumulate.compiled import apply_compiled
     from agents.accumulate.state import Limits, MemoryBatchStore, SessionState, apply_payload
     from schemas.fast import decode_payload
 
@@ -100,6 +105,11 @@ def bench_transition(payload_bytes: list[bytes], actions: int, threshold: int) -
     store, entries = MemoryBatchStore(), dict[str, bytes]()
     start = time.perf_counter()
     for offset, raw in enumerate(payload_bytes):
+        if compiled and (
+            done := apply_compiled(raw, entries.get, offset, limits, time.time(), store, None)
+        ):
+            entries[done.session_id] = cast(bytes, done.entry)
+            continue
         payload = decode_payload(raw)
         entry = entries.get(payload.session_id)
         state = None if entry is None else SessionState.from_bytes(entry)

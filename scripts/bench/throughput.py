@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 
+from agents.accumulate.compiled import compiled_for
+from agents.accumulate.state import Limits
 from scripts.bench import measure
 from scripts.bench.baselines import bench_faust_floor, bench_sdk, bench_transition
 from scripts.bench.measure import (
@@ -164,7 +166,8 @@ def print_accumulate_run(sdk_rate: float, transition_rate: float, ours: dict[str
         f"accumulate alone: {ours['rate']:,.0f} actions/s, {cpu:.0f} us "
         f"of CPU per action; in-process SDK {sdk_rate:,.0f} actions/s "
         f"({1e6 / sdk_rate:.0f} us); c/b (accumulate only) = {ours['rate'] / sdk_rate:.2f}\n"
-        f"  of the worker's {cpu:.0f} us, the transition itself is {1e6 / transition_rate:.0f}; "
+        f"  of the worker's {cpu:.0f} us, the transition itself is {1e6 / transition_rate:.0f} "
+        f"(as the worker runs it); "
         f"the other {cpu - 1e6 / transition_rate:.0f} are the Kafka clients, the write-behind "
         f"and the summarize agent; the worker's peak RSS {ours['rss_mb']:,.0f} MiB; "
         f"{ours['changelog_records_per_action']:.2f} changelog records per action; the broker "
@@ -181,10 +184,15 @@ async def run_accumulate(
     # The SDK once, first: measured again in this process after a run, it was
     # a third slower each time (20,000-23,000 against 33,000 actions/s).
     sdk_rate, _ = await bench_sdk(raw, actions, args.threshold)
-    transition_rate = bench_transition(raw, actions, args.threshold)
+    python_rate = bench_transition(raw, actions, args.threshold, compiled=False)
+    built = compiled_for(Limits(threshold=args.threshold, max_actions_per_batch=1))
+    transition_rate = (
+        bench_transition(raw, actions, args.threshold, compiled=True) if built else python_rate
+    )
     print(
         f"our transition alone (no Kafka, no summarizer): {transition_rate:,.0f} actions/s "
-        f"({1e6 / transition_rate:.0f} us per action)"
+        f"({1e6 / transition_rate:.1f} us per action, "
+        + (f"compiled; in Python {1e6 / python_rate:.1f})" if built else "in Python: not compiled)")
     )
     for _ in range(args.repeat):
         for loop in args.event_loop.split(","):  # alternated: runs minutes apart differ more

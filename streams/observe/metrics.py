@@ -7,6 +7,10 @@ from prometheus_client import Counter, Gauge, Histogram
 from streams.observe.loop_histogram import LoopHistogram
 
 ACTIONS_IN = Counter("ac_actions_in_total", "Actions applied by the accumulator")
+COMPILED_PAYLOADS = Counter(
+    "ac_compiled_payloads_total",
+    "Payloads the accumulator applied with its compiled transition (the rest: in Python)",
+)
 REPLAYS_SKIPPED = Counter(
     "ac_replays_skipped_total", "Redelivered messages recognised and skipped", ["stage"]
 )

@@ -17,6 +17,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from agents.accumulate.compiled import compiled_for
+from agents.accumulate.state import Limits
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from sinks.base import Operation
 from sinks.context import SessionContext
@@ -162,6 +164,9 @@ async def test_counters_move_and_lag_drains_after_a_run(
 
         p = await scrape(pipeline)
         assert p.one("ac_actions_in_total") == total_actions
+        # Every payload took the compiled transition where it is built (scripts/bootstrap.sh).
+        compiled = compiled_for(Limits(threshold=threshold, max_actions_per_batch=50))
+        assert p.one("ac_compiled_payloads_total") == (len(payloads) if compiled else 0)
         assert p.value("ac_summaries_total", outcome="rolling") == summaries
         assert p.one("ac_dead_letters_total", stage="accumulate", reason="not valid JSON") == 1
         assert p.one("ac_active_sessions") == len(sessions)

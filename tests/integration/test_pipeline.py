@@ -113,13 +113,17 @@ def expected_context(payloads: list[dict[str, Any]], last_summary: dict[str, Any
     return "\n\n".join(parts) + "\n"
 
 
+# The compiled transition where built, and the Python one (AC_COMPILED=false): the same
+# operations, summaries and context files (tests/unit/test_compiled.py: the same bytes).
+@pytest.mark.parametrize("compiled", ["true", "false"])
 async def test_rolling_summaries_end_to_end(
-    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker], compiled: str
 ) -> None:
     threshold = 10
     payloads = list(interleaved_payloads(plan_sessions(200, mean_length=60, seed=11), seed=11))
     async with FakeOpenAIServer() as llm:
-        pipe = Pipeline(llm_env(worker_env, llm, threshold), tmp_path, workers)
+        env = llm_env(worker_env, llm, threshold, AC_COMPILED=compiled)
+        pipe = Pipeline(env, tmp_path, workers)
         started = [pipe.start_pipeline(), pipe.start_sink("files"), pipe.start_sink(RECORDER)]
         await asyncio.gather(*(w.wait_ready() for w in started))
         await produce(pipe.env, payloads)

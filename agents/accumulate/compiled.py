@@ -1,0 +1,78 @@
+"""The transition compiled (``native/``: the ``agent_context_native`` extension), where built.
+
+:func:`apply_compiled` is :func:`~agents.accumulate.state.apply_payload` from a payload's
+bytes and the session entry's bytes to the new entry and what to emit, without a Python
+object per action: the same bytes as the Python transition writes (tests/unit/
+test_compiled.py compares them on generated payloads and entries). It covers the common
+case (one batch, no PII filter, no debounce); for anything else, or input it is not
+sure to write alike, it declines (None) and the caller takes the Python path. Without
+the extension (not built, or ``AC_COMPILED=false``) every payload takes the Python path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from agents.accumulate.state import BatchStore, Emission, Limits
+
+__all__ = ["Lookup", "apply_compiled", "compiled_for"]
+
+try:
+    import agent_context_native as _native
+except ImportError:  # not built: the Python transition does it all
+    _native = None
+
+Lookup = Callable[[str], bytes | None]  # a session's entry, None for a new session
+
+
+def compiled_for(limits: Limits, *, enabled: bool = True) -> bool:
+    """Whether the compiled transition is built, ``enabled`` (``AC_COMPILED``), and can
+    take these limits' payloads."""
+    return enabled and _native is not None and limits.pii is None and limits.debounce_ms <= 0
+
+
+class Compiled(NamedTuple):
+    """What :func:`apply_compiled` did: the session's new entry (None: the payload's
+    offset was applied before, skipped), what to emit, whether the session had an entry,
+    and the actions applied."""
+
+    session_id: str
+    entry: bytes | None
+    out: list[Emission]
+    existed: bool
+    actions: int
+
+
+def apply_compiled(
+    raw: bytes,
+    lookup: Lookup,
+    offset: int,
+    limits: Limits,
+    now: float,
+    store: BatchStore,
+    ingested_at: float | None,
+) -> Compiled | None:
+    """``apply_payload`` for the payload ``raw`` on its session's entry, ``lookup(session)``;
+    None when declined: nothing was changed, the Python path takes the payload."""
+    done = _native.transition(
+        raw,
+        lookup,
+        store,
+        offset,
+        now,
+        ingested_at or 0.0,
+        limits.max_actions_per_batch,
+        limits.max_pending_bytes,
+        limits.threshold,
+    )
+    if done is None:
+        return None
+    sid, existed, entry, op, request, actions = done
+    if op is None:
+        out = []
+    elif request is None:
+        out = [Emission("context", op)]
+    else:
+        out = [Emission("context", op), Emission("summarize", request)]
+    return Compiled(sid, entry, out, existed, actions)
