@@ -1,13 +1,13 @@
 //! The accumulator's per-payload transition, compiled: `agents.accumulate.state`'s
 //! `apply_payload` for its common case (one batch, no PII filter, no debounce), from the
-//! payload's bytes and the session entry's bytes to the entry, the operation and the
-//! stored batch, byte for byte what the Python transition writes.
+//! payload's bytes and the session entry's bytes to the entry, the operation, the stored
+//! batch and the summarize request at K, byte for byte what the Python transition writes.
 //!
 //! It declines (returns None) whatever it is not sure to write exactly as Python does:
 //! input the strict Structs would not take, text that is not plain printable, floats
 //! outside the range every JSON writer here formats alike, an entry it does not know.
 //! The Python transition then handles that payload, so declining is always safe
-//! (tests/unit/test_native.py compares the two on generated payloads).
+//! (tests/unit/test_compiled.py compares the two on generated payloads and entries).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
