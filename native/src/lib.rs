@@ -9,6 +9,7 @@
 //! The Python transition then handles that payload, so declining is always safe
 //! (tests/unit/test_compiled.py compares the two on generated payloads and entries).
 
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 use std::borrow::Cow;
@@ -209,7 +210,7 @@ fn printable(py: Python<'_>, s: &str) -> bool {
         return true;
     }
     PyString::new(py, s)
-        .call_method0("isprintable")
+        .call_method0(intern!(py, "isprintable"))
         .and_then(|r| r.extract::<bool>())
         .unwrap_or(false)
 }
@@ -393,12 +394,12 @@ fn transition(
             s.conversation_id = Some(c.to_owned());
         }
         op = Some(PyBytes::new(py, &operation(&p, s, seq_from, &b.0, now, ingested)).unbind());
-        store.call_method1("put", (&sid, s.next_batch, PyBytes::new(py, &b.0)))?;
+        store.call_method1(intern!(py, "put"), (&sid, s.next_batch, PyBytes::new(py, &b.0)))?;
         s.next_batch += 1;
         s.pending_actions += n as i64;
         s.pending_bytes += size;
         if s.pending_actions >= threshold {
-            let batches = store.call_method1("take", (&sid, s.first_batch, s.next_batch))?;
+            let batches = store.call_method1(intern!(py, "take"), (&sid, s.first_batch, s.next_batch))?;
             request = Some(PyBytes::new(py, &summarize_request(&p.session_id, s, batches, now)?).unbind());
         }
     }
