@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -154,6 +155,12 @@ async def run(args: argparse.Namespace) -> None:
             )
             live = await live_session(client, settings, sink.port, args.threshold)
             contexts = await fetch_contexts(client, sink.port, [*sessions, live["session_id"]])
+            compiled = await counter(client, pipeline.port, "ac_compiled_payloads_total")
+        applied = len(payloads) + len(live["payloads"])
+        console.print(
+            f"      the pipeline worker applied {applied} payloads: {compiled:.0f} by the "
+            f"compiled transition (native/), {applied - compiled:.0f} by the Python one"
+        )
         show_results(contexts, payloads, run_dir, args.threshold, live)
         url = f"http://127.0.0.1:{view.port}/ui/"
         if args.exit if args.exit is not None else not sys.stdin.isatty():
@@ -170,6 +177,16 @@ async def run(args: argparse.Namespace) -> None:
 
 
 LIVE_SESSION = "ps_live_going"
+
+
+async def counter(client: httpx.AsyncClient, port: int, name: str) -> float:
+    """A counter's value on a worker's /metrics (0 when it has none)."""
+    text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name:
+                return sample.value
+    return 0.0
 
 
 async def live_session(
