@@ -142,10 +142,74 @@ struct State<'a> {
     debounce_first: &'a RawValue,
     #[serde(borrow)]
     debounce_last: &'a RawValue,
-    #[allow(dead_code)]
     last_seen: f64,
-    #[allow(dead_code)]
     ingested_at: f64,
+}
+
+impl<'a> State<'a> {
+    /// `SessionState(generation=offset, product_id=product_id)`: a new session's entry.
+    fn new(offset: i64, product_id: &'a str) -> Self {
+        let zero: &'static RawValue = serde_json::from_str("0.0").expect("a JSON number");
+        let empty: &'static RawValue = serde_json::from_str("[]").expect("a JSON array");
+        State {
+            generation: offset,
+            product_id: Str(Cow::Borrowed(product_id)),
+            conversation_id: None,
+            next_seq: 1,
+            last_offset: -1,
+            summarized_to: 0,
+            first_batch: 0,
+            next_batch: 0,
+            batch_slots: 0,
+            pending_actions: 0,
+            pending_bytes: 0,
+            debounce: empty,
+            debounce_first: zero,
+            debounce_last: zero,
+            last_seen: 0.0,
+            ingested_at: 0.0,
+        }
+    }
+
+    /// The entry's JSON as `SessionState.to_bytes` (orjson) writes it.
+    fn encode(&self) -> Vec<u8> {
+        let mut e = Out(Vec::with_capacity(384));
+        e.raw("{\"generation\":");
+        e.int(self.generation);
+        e.raw(",\"product_id\":");
+        e.string(&self.product_id);
+        e.raw(",\"conversation_id\":");
+        e.opt_string(self.conversation_id.as_deref());
+        for (k, v) in [
+            ("next_seq", self.next_seq),
+            ("last_offset", self.last_offset),
+            ("summarized_to", self.summarized_to),
+            ("first_batch", self.first_batch),
+            ("next_batch", self.next_batch),
+            ("batch_slots", self.batch_slots),
+            ("pending_actions", self.pending_actions),
+            ("pending_bytes", self.pending_bytes),
+        ] {
+            e.raw(",");
+            e.key(k);
+            e.int(v);
+        }
+        for (k, v) in [
+            ("debounce", self.debounce),
+            ("debounce_first", self.debounce_first),
+            ("debounce_last", self.debounce_last),
+        ] {
+            e.raw(",");
+            e.key(k);
+            e.raw(v.get());
+        }
+        e.raw(",\"last_seen\":");
+        e.float(self.last_seen);
+        e.raw(",\"ingested_at\":");
+        e.float(self.ingested_at);
+        e.raw("}");
+        e.0
+    }
 }
 
 struct Out(Vec<u8>);
@@ -196,7 +260,7 @@ impl Out {
 /// Whether every JSON writer here formats `f` alike (shortest digits, no exponent).
 fn plain_float(f: f64) -> bool {
     let a = f.abs();
-    f.is_finite() && ((a >= 1e-4 && a < 1e15) || (f == 0.0 && f.is_sign_positive()))
+    f.is_finite() && ((1e-4..1e15).contains(&a) || (f == 0.0 && f.is_sign_positive()))
 }
 
 /// No control character: the writers escape those each their own way.
@@ -342,7 +406,11 @@ fn transition(
     }
     let sid = PyString::new(py, &p.session_id);
     let found = lookup.call1((&sid,))?;
-    let entry: Option<&[u8]> = if found.is_none() { None } else { Some(found.extract()?) };
+    let entry: Option<&[u8]> = if found.is_none() {
+        None
+    } else {
+        Some(found.extract()?)
+    };
     let parsed: Option<State> = match entry {
         Some(raw) => match serde_json::from_slice(raw) {
             Ok(state) => Some(state),
@@ -351,34 +419,17 @@ fn transition(
         None => None,
     };
     let existed = parsed.is_some();
-    let (debounce, debounce_first, debounce_last) = match &parsed {
-        Some(s) => (s.debounce.get(), s.debounce_first.get(), s.debounce_last.get()),
-        None => ("[]", "0.0", "0.0"),
-    };
-    let strange = |s: &State| !plain(&s.product_id) || !plain_opt(&s.conversation_id);
-    if debounce != "[]" || parsed.as_ref().is_some_and(strange) {
+    let mut s = parsed.unwrap_or_else(|| State::new(offset, &p.product_id));
+    if s.debounce.get() != "[]" || !plain(&s.product_id) || !plain_opt(&s.conversation_id) {
         return Ok(None);
     }
     let n = p.actions.len();
-    if parsed.as_ref().is_some_and(|s| offset <= s.last_offset) {
+    if existed && offset <= s.last_offset {
         return Ok(Some((sid.unbind(), existed, None, None, None, n))); // a replay
     }
-    let mut s = parsed.map(|s| Fields {
-        generation: s.generation,
-        product_id: s.product_id.0.into_owned(),
-        conversation_id: s.conversation_id.map(|c| c.0.into_owned()),
-        next_seq: s.next_seq,
-        summarized_to: s.summarized_to,
-        first_batch: s.first_batch,
-        next_batch: s.next_batch,
-        batch_slots: s.batch_slots,
-        pending_actions: s.pending_actions,
-        pending_bytes: s.pending_bytes,
-    });
-    let s = s.get_or_insert_with(|| Fields::new(offset, &p.product_id));
+    (s.last_offset, s.last_seen, s.ingested_at) = (offset, now, ingested);
     if !p.product_id.is_empty() {
-        s.product_id.clear();
-        s.product_id.push_str(&p.product_id);
+        s.product_id = Str(Cow::Borrowed(&p.product_id));
     }
     let (mut op, mut request) = (None, None);
     if n > 0 {
@@ -391,55 +442,36 @@ fn transition(
         let seq_from = s.next_seq;
         s.next_seq = seq_from + n as i64;
         if let Some(c) = p.conversation_id.as_deref().filter(|c| !c.is_empty()) {
-            s.conversation_id = Some(c.to_owned());
+            s.conversation_id = Some(Str(Cow::Borrowed(c)));
         }
-        op = Some(PyBytes::new(py, &operation(&p, s, seq_from, &b.0, now, ingested)).unbind());
-        store.call_method1(intern!(py, "put"), (&sid, s.next_batch, PyBytes::new(py, &b.0)))?;
+        op = Some(PyBytes::new(py, &operation(&p, &s, seq_from, &b.0, now, ingested)).unbind());
+        store.call_method1(
+            intern!(py, "put"),
+            (&sid, s.next_batch, PyBytes::new(py, &b.0)),
+        )?;
         s.next_batch += 1;
         s.pending_actions += n as i64;
         s.pending_bytes += size;
         if s.pending_actions >= threshold {
-            let batches = store.call_method1(intern!(py, "take"), (&sid, s.first_batch, s.next_batch))?;
-            request = Some(PyBytes::new(py, &summarize_request(&p.session_id, s, batches, now)?).unbind());
+            let batches =
+                store.call_method1(intern!(py, "take"), (&sid, s.first_batch, s.next_batch))?;
+            request = Some(
+                PyBytes::new(py, &summarize_request(&p.session_id, &mut s, batches, now)?).unbind(),
+            );
         }
     }
-    let mut e = Out(Vec::with_capacity(384));
-    e.raw("{\"generation\":");
-    e.int(s.generation);
-    e.raw(",\"product_id\":");
-    e.string(&s.product_id);
-    e.raw(",\"conversation_id\":");
-    e.opt_string(s.conversation_id.as_deref());
-    for (k, v) in [
-        ("next_seq", s.next_seq),
-        ("last_offset", offset),
-        ("summarized_to", s.summarized_to),
-        ("first_batch", s.first_batch),
-        ("next_batch", s.next_batch),
-        ("batch_slots", s.batch_slots),
-        ("pending_actions", s.pending_actions),
-        ("pending_bytes", s.pending_bytes),
-    ] {
-        e.raw(",");
-        e.key(k);
-        e.int(v);
-    }
-    e.raw(",\"debounce\":[],\"debounce_first\":");
-    e.raw(debounce_first);
-    e.raw(",\"debounce_last\":");
-    e.raw(debounce_last);
-    e.raw(",\"last_seen\":");
-    e.float(now);
-    e.raw(",\"ingested_at\":");
-    e.float(ingested);
-    e.raw("}");
-    let entry = Some(PyBytes::new(py, &e.0).unbind());
+    let entry = Some(PyBytes::new(py, &s.encode()).unbind());
     Ok(Some((sid.unbind(), existed, entry, op, request, n)))
 }
 
 /// `_summarize_request(final=False)`: the request's JSON as orjson writes it, and the
 /// state moved past it (its batches stay in their slots for the next to reuse).
-fn summarize_request(sid: &str, s: &mut Fields, batches: Bound<'_, PyAny>, now: f64) -> PyResult<Vec<u8>> {
+fn summarize_request(
+    sid: &str,
+    s: &mut State,
+    batches: Bound<'_, PyAny>,
+    now: f64,
+) -> PyResult<Vec<u8>> {
     let mut r = Out(Vec::with_capacity(4096));
     r.raw("{\"session_id\":");
     r.string(sid);
@@ -470,38 +502,15 @@ fn summarize_request(sid: &str, s: &mut Fields, batches: Bound<'_, PyAny>, now: 
     Ok(r.0)
 }
 
-struct Fields {
-    generation: i64,
-    product_id: String,
-    conversation_id: Option<String>,
-    next_seq: i64,
-    summarized_to: i64,
-    first_batch: i64,
-    next_batch: i64,
-    batch_slots: i64,
-    pending_actions: i64,
-    pending_bytes: i64,
-}
-
-impl Fields {
-    fn new(offset: i64, product_id: &str) -> Self {
-        Fields {
-            generation: offset,
-            product_id: product_id.to_owned(),
-            conversation_id: None,
-            next_seq: 1,
-            summarized_to: 0,
-            first_batch: 0,
-            next_batch: 0,
-            batch_slots: 0,
-            pending_actions: 0,
-            pending_bytes: 0,
-        }
-    }
-}
-
 /// The `actions_written` operation, as `_write_batch` writes it with orjson.
-fn operation(p: &Payload, s: &Fields, seq_from: i64, body: &[u8], now: f64, ingested: f64) -> Vec<u8> {
+fn operation(
+    p: &Payload,
+    s: &State,
+    seq_from: i64,
+    body: &[u8],
+    now: f64,
+    ingested: f64,
+) -> Vec<u8> {
     let n = p.actions.len() as i64;
     let seq_to = seq_from + n - 1;
     let mut text = String::with_capacity(256);

@@ -37,18 +37,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 Step = tuple[bytes | None, list[Emission]] | str
+Input = tuple[bytes, int, float, float | None]  # a payload, its offset, now, its timestamp
 
 
-def python_step(
-    raw: bytes,
-    entry: bytes | None,
-    offset: int,
-    now: float,
-    ingested: float | None,
-    store: Any,
-    limits: Limits = LIMITS,
-) -> Step:
+def python_step(step: Input, entry: bytes | None, store: Any, limits: Limits = LIMITS) -> Step:
     """The stage's Python path: decode, skip a replay, apply, encode the entry."""
+    raw, offset, now, ingested = step
     try:
         payload = decode_payload(raw)
     except InvalidMessage:
@@ -63,16 +57,11 @@ def python_step(
 
 
 def compiled_step(
-    raw: bytes,
-    entry: bytes | None,
-    offset: int,
-    now: float,
-    ingested: float | None,
-    store: Any,
-    limits: Limits = LIMITS,
+    step: Input, entry: bytes | None, store: Any, limits: Limits = LIMITS
 ) -> tuple[Step, bool]:
     """The stage's compiled path, and whether it was taken (else the Python path's)."""
     assert compiled_for(limits), "agent_context_native is not built: scripts/bootstrap.sh"
+    raw, offset, now, ingested = step
     looked_up: list[str] = []
 
     def lookup(session_id: str) -> bytes | None:
@@ -81,7 +70,7 @@ def compiled_step(
 
     done = apply_compiled(raw, lookup, offset, limits, now, store, ingested)
     if done is None:
-        return python_step(raw, entry, offset, now, ingested, store, limits), False
+        return python_step(step, entry, store, limits), False
     assert looked_up == [done.session_id]
     return (done.entry, done.out), True
 
@@ -90,22 +79,22 @@ def _as_list(step: Step) -> Any:
     return step if isinstance(step, str) else (step[0], [(e.topic, e.value) for e in step[1]])
 
 
-def same_steps(steps: list[tuple[bytes, int, float, float | None]], limits: Limits = LIMITS) -> int:
+def same_steps(steps: list[Input], limits: Limits = LIMITS) -> int:
     """Both paths over the same steps, each session's entry carried on: equal at every
     step. Returns how many steps the compiled path took."""
     stores = MemoryBatchStore(), MemoryBatchStore()
     entries: dict[str, bytes] = {}
     taken = 0
-    for raw, offset, now, ingested in steps:
+    for step in steps:
         try:
-            sid = decode_payload(raw).session_id
+            sid = decode_payload(step[0]).session_id
         except InvalidMessage:
             sid = ""
         entry = entries.get(sid)
-        expected = python_step(raw, entry, offset, now, ingested, stores[0], limits)
-        found, compiled = compiled_step(raw, entry, offset, now, ingested, stores[1], limits)
+        expected = python_step(step, entry, stores[0], limits)
+        found, compiled = compiled_step(step, entry, stores[1], limits)
         taken += compiled
-        assert _as_list(found) == _as_list(expected), raw
+        assert _as_list(found) == _as_list(expected), step
         assert stores[1].batches == stores[0].batches
         if not isinstance(expected, str) and expected[0] is not None:
             entries[sid] = expected[0]
@@ -134,7 +123,7 @@ steps = st.lists(
 @settings(max_examples=600, deadline=None)
 @given(steps)
 def test_the_compiled_transition_writes_what_the_python_one_writes(
-    generated: list[tuple[bytes, int, float, float | None]],
+    generated: list[Input],
 ) -> None:
     offset, absolute = 10, []
     for raw, delta, now, ingested in generated:  # offsets mostly rising, some replayed
@@ -182,8 +171,9 @@ def test_unusual_entries_are_kept_as_the_python_path_keeps_them(entry: dict[str,
     raw = orjson.dumps({**orjson.loads(state.to_bytes()), **entry})
     payload = orjson.dumps({"session_id": "s", "actions": [_action()]})
     stores = MemoryBatchStore(), MemoryBatchStore()
-    expected = python_step(payload, raw, 5, 1764856000.5, None, stores[0])
-    found, _ = compiled_step(payload, raw, 5, 1764856000.5, None, stores[1])
+    step = (payload, 5, 1764856000.5, None)
+    expected = python_step(step, raw, stores[0])
+    found, _ = compiled_step(step, raw, stores[1])
     assert _as_list(found) == _as_list(expected)
 
 
@@ -191,7 +181,7 @@ def test_the_workload_takes_the_compiled_path() -> None:
     """The bench's payloads (and a real app's, with ids) are the case it covers: a run of
     them takes the compiled path for every payload, the requests included."""
     for ids in (False, True):
-        by_session: dict[str, list[tuple[bytes, int, float, float | None]]] = {}
+        by_session: dict[str, list[Input]] = {}
         for offset, data in enumerate(workload(3000, 40, 1, min_batch=1, max_batch=3, ids=ids)):
             now = 1764856000.0 + offset / 7
             by_session.setdefault(data["session_id"], []).append(
