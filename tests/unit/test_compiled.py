@@ -108,9 +108,21 @@ session_payloads = st.builds(
     _mostly(payloads, anything),
     _mostly(st.just("s1"), st.text(max_size=4)),
 )
+# Well-typed payloads of one or two sessions, which the compiled path mostly takes: its
+# state (sequence numbers, conversation id, product id, slots) carried from step to step.
+words = st.sampled_from(["", "a", 'Clicked "Save"', "caf\u00e9", "x" * 40])
+plain_actions = st.fixed_dictionaries(
+    {"type": words, "description": words},
+    optional={"title": words, "canonical_url": words, "index": st.integers(0, 9),
+              "timestamp_end": st.floats(1e9, 2e9), "conversation_id": st.none() | words},
+)  # fmt: skip
+plain_payloads = st.fixed_dictionaries(
+    {"session_id": st.sampled_from(["s1", "s2"]), "actions": st.lists(plain_actions, max_size=4)},
+    optional={"product_id": words, "conversation_id": st.none() | words, "user_id": words},
+)
 steps = st.lists(
     st.tuples(
-        session_payloads.map(dumps),
+        (session_payloads | plain_payloads).map(dumps),
         st.integers(-1, 3),
         times,
         st.none() | st.just(0.0) | times,
@@ -130,6 +142,18 @@ def test_the_compiled_transition_writes_what_the_python_one_writes(
         offset += delta
         absolute.append((raw, offset, now, ingested))
     same_steps(absolute)
+
+
+def test_a_payloads_conversation_and_product_are_kept_for_the_next() -> None:
+    """A conversation id or product id a payload brings is the session's until another
+    comes; payloads without them keep it (the operation carries the session's)."""
+    bare = {"session_id": "s", "actions": [_action()]}
+    steps: list[Input] = []
+    for offset, extra in enumerate(
+        [{}, {"conversation_id": "c1", "product_id": "p1"}, {}, {"conversation_id": ""}, {}]
+    ):
+        steps.append((orjson.dumps({**bare, **extra}), offset, 1764856000.0 + offset, None))
+    assert same_steps(steps) == len(steps)
 
 
 def _action(**fields: Any) -> dict[str, Any]:
