@@ -12,9 +12,8 @@ the extension (not built, or ``AC_COMPILED=false``) every payload takes the Pyth
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
-from agents.accumulate.state import BatchStore, Emission, Limits
+from agents.accumulate.state import BatchStore, Emission, Limits, Transition
 
 __all__ = ["Lookup", "apply_compiled", "compiled_for"]
 
@@ -32,18 +31,6 @@ def compiled_for(limits: Limits, *, enabled: bool = True) -> bool:
     return enabled and _native is not None and limits.pii is None and limits.debounce_ms <= 0
 
 
-class Compiled(NamedTuple):
-    """What :func:`apply_compiled` did: the session's new entry (None: the payload's
-    offset was applied before, skipped), what to emit, whether the session had an entry,
-    and the actions applied."""
-
-    session_id: str
-    entry: bytes | None
-    out: list[Emission]
-    existed: bool
-    actions: int
-
-
 def apply_compiled(
     raw: bytes,
     lookup: Lookup,
@@ -52,7 +39,7 @@ def apply_compiled(
     now: float,
     store: BatchStore,
     ingested_at: float | None,
-) -> Compiled | None:
+) -> Transition | None:
     """``apply_payload`` for the payload ``raw`` on its session's entry, ``lookup(session)``;
     None when declined: nothing was changed, the Python path takes the payload."""
     done = _native.transition(
@@ -75,4 +62,4 @@ def apply_compiled(
         out = [Emission("context", op)]
     else:
         out = [Emission("context", op), Emission("summarize", request)]
-    return Compiled(sid, entry, out, existed, actions)
+    return Transition(sid, entry, out, existed, actions, None)

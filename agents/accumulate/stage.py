@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Iterable
 from functools import partial
-from typing import NamedTuple, cast
+from typing import cast
 
 import orjson
 from faust.types import Message
@@ -33,6 +33,7 @@ from agents.accumulate.state import (
     Emission,
     Limits,
     SessionState,
+    Transition,
     already_applied,
     apply_payload,
     close_idle,
@@ -63,19 +64,6 @@ log = logging.getLogger(__name__)
 # Payloads per unit: an output waits for the rest of its unit, so the latency follows a
 # unit's work (~64 x 0.2 ms); WriteBehind drains the units sealed meanwhile in one step.
 BATCH_MAX = 64
-
-
-class Transition(NamedTuple):
-    """What one payload did: its session's new entry, what to emit, whether the session
-    had an entry, the actions applied, and the state the entry encodes (None: applied by
-    the compiled transition, which decodes none)."""
-
-    session_id: str
-    entry: bytes
-    out: list[Emission]
-    existed: bool
-    actions: int
-    state: SessionState | None
 
 
 class Accumulator:
@@ -173,6 +161,7 @@ class Accumulator:
                 continue
             sid, raw, out, existed, actions, state = done
             compiled += state is None
+            assert raw is not None  # a replay returned None above
             if too_large := oversized(raw, out):
                 # An operation or state entry over the broker's limit made the send raise
                 # (tests/integration/test_reliability.py): dead-lettered, nothing of it stored.
@@ -198,10 +187,7 @@ class Accumulator:
                 value, self.entry, offset, self.limits, now, self.store, message.timestamp
             )
             if done is not None:
-                sid, entry, out, existed, actions = done
-                return (
-                    None if entry is None else Transition(sid, entry, out, existed, actions, None)
-                )
+                return None if done.entry is None else done
         payload = decode_payload(value)
         sid = payload.session_id
         state = self.load(sid)

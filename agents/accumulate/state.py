@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import msgspec
 import orjson
@@ -39,6 +39,7 @@ __all__ = [
     "Emission",
     "MemoryBatchStore",
     "SessionState",
+    "Transition",
     "apply_payload",
     "close_idle",
     "flush_debounce",
@@ -115,6 +116,20 @@ class Emission:
 
     topic: str
     value: bytes
+
+
+class Transition(NamedTuple):
+    """What one payload did: its session's new entry (None: its offset was applied before,
+    skipped), what to emit, whether the session had an entry, the actions applied, and
+    the state the entry encodes (None: applied by the compiled transition, which decodes
+    none)."""
+
+    session_id: str
+    entry: bytes | None
+    out: list[Emission]
+    existed: bool
+    actions: int
+    state: SessionState | None
 
 
 @dataclass(frozen=True)
