@@ -160,7 +160,6 @@ class Accumulator:
                 metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
                 continue
             sid, raw, out, existed, actions, state = done
-            compiled += state is None
             assert raw is not None  # a replay returned None above
             if too_large := oversized(raw, out):
                 # An operation or state entry over the broker's limit made the send raise
@@ -171,6 +170,7 @@ class Accumulator:
             self.save(sid, raw, existed=existed, state=state)
             emissions.extend((sid, e) for e in out)
             applied += actions
+            compiled += state is None  # applied, not dead-lettered by the size guard
             if state is not None and state.debounce:
                 self.debouncing.add(sid)
         metrics.ACTIONS_IN.inc(applied)  # once per batch: prometheus_client locks per call
