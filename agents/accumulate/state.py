@@ -12,7 +12,7 @@ are stored as the JSON they are re-emitted as, so the hot path never
 re-validates them. A payload arrives as a :class:`schemas.fast.Payload` Struct:
 no pydantic model is built per payload.
 
-``native/src/lib.rs`` writes the common case's bytes too (``agents.accumulate.compiled``):
+``native/src/transition.rs`` writes the common case's bytes too (``agents.accumulate.compiled``):
 a change to what this module writes is a change there (tests/unit/test_compiled.py fails
 until both agree).
 """

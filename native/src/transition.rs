@@ -1,0 +1,319 @@
+//! The accumulator's per-payload transition: `agents.accumulate.state`'s `apply_payload`
+//! for its common case (one batch, no PII filter, no debounce), from the payload's bytes
+//! and the session entry's bytes to the entry, the operation, the stored batch and the
+//! summarize request at K, byte for byte what the Python transition writes.
+//!
+//! It declines (returns None) whatever it is not sure to write exactly as Python does:
+//! input the strict Structs would not take, text that is not plain printable, floats
+//! outside the range every JSON writer here formats alike, an entry it does not know.
+//! The Python transition then handles that payload, so declining is always safe
+//! (tests/unit/test_compiled.py compares the two on generated payloads and entries).
+
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+use crate::json::{plain, plain_float, plain_opt, Out, Str};
+use crate::payload::{encode_payload, supported, Payload};
+
+/// A session entry as `SessionState.to_bytes` writes it; the fields this transition does
+/// not change are kept as the text they were written as.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct State<'a> {
+    generation: i64,
+    #[serde(borrow)]
+    product_id: Str<'a>,
+    #[serde(borrow)]
+    conversation_id: Option<Str<'a>>,
+    next_seq: i64,
+    last_offset: i64,
+    summarized_to: i64,
+    first_batch: i64,
+    next_batch: i64,
+    batch_slots: i64,
+    pending_actions: i64,
+    pending_bytes: i64,
+    #[serde(borrow)]
+    debounce: &'a RawValue,
+    #[serde(borrow)]
+    debounce_first: &'a RawValue,
+    #[serde(borrow)]
+    debounce_last: &'a RawValue,
+    last_seen: f64,
+    ingested_at: f64,
+}
+
+impl<'a> State<'a> {
+    /// `SessionState(generation=offset, product_id=product_id)`: a new session's entry.
+    fn new(offset: i64, product_id: &'a str) -> Self {
+        let zero: &'static RawValue = serde_json::from_str("0.0").expect("a JSON number");
+        let empty: &'static RawValue = serde_json::from_str("[]").expect("a JSON array");
+        State {
+            generation: offset,
+            product_id: Str(Cow::Borrowed(product_id)),
+            conversation_id: None,
+            next_seq: 1,
+            last_offset: -1,
+            summarized_to: 0,
+            first_batch: 0,
+            next_batch: 0,
+            batch_slots: 0,
+            pending_actions: 0,
+            pending_bytes: 0,
+            debounce: empty,
+            debounce_first: zero,
+            debounce_last: zero,
+            last_seen: 0.0,
+            ingested_at: 0.0,
+        }
+    }
+
+    /// The entry's JSON as `SessionState.to_bytes` (orjson) writes it.
+    fn encode(&self) -> Vec<u8> {
+        let mut e = Out(Vec::with_capacity(384));
+        e.raw("{\"generation\":");
+        e.int(self.generation);
+        e.raw(",\"product_id\":");
+        e.string(&self.product_id);
+        e.raw(",\"conversation_id\":");
+        e.opt_string(self.conversation_id.as_deref());
+        for (k, v) in [
+            ("next_seq", self.next_seq),
+            ("last_offset", self.last_offset),
+            ("summarized_to", self.summarized_to),
+            ("first_batch", self.first_batch),
+            ("next_batch", self.next_batch),
+            ("batch_slots", self.batch_slots),
+            ("pending_actions", self.pending_actions),
+            ("pending_bytes", self.pending_bytes),
+        ] {
+            e.raw(",");
+            e.key(k);
+            e.int(v);
+        }
+        for (k, v) in [
+            ("debounce", self.debounce),
+            ("debounce_first", self.debounce_first),
+            ("debounce_last", self.debounce_last),
+        ] {
+            e.raw(",");
+            e.key(k);
+            e.raw(v.get());
+        }
+        e.raw(",\"last_seen\":");
+        e.float(self.last_seen);
+        e.raw(",\"ingested_at\":");
+        e.float(self.ingested_at);
+        e.raw("}");
+        e.0
+    }
+}
+
+/// What `transition` returns: the session, whether it had an entry, its new entry (None
+/// for an offset at or below its `last_offset`: a replay, skipped), the operation (None
+/// for a payload without actions), the summarize request if one is now due, and the
+/// actions applied.
+type Applied = (
+    Py<PyString>,
+    bool,
+    Option<Py<PyBytes>>,
+    Option<Py<PyBytes>>,
+    Option<Py<PyBytes>>,
+    usize,
+);
+
+/// `apply_payload` for the payload `raw`, on the entry `lookup(session_id)` returns (None:
+/// a new session), with its batches in `store` (a `BatchStore`: `put`, and `take` for a
+/// request). None: declined, nothing looked up or changed.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (raw, lookup, store, offset, now, ingested_at, max_actions_per_batch, max_pending_bytes, threshold))]
+pub(crate) fn transition(
+    py: Python<'_>,
+    raw: &[u8],
+    lookup: &Bound<'_, PyAny>,
+    store: &Bound<'_, PyAny>,
+    offset: i64,
+    now: f64,
+    ingested_at: f64,
+    max_actions_per_batch: usize,
+    max_pending_bytes: i64,
+    threshold: i64,
+) -> PyResult<Option<Applied>> {
+    let Ok(p) = serde_json::from_slice::<Payload>(raw) else {
+        return Ok(None);
+    };
+    let ingested = if ingested_at != 0.0 { ingested_at } else { now };
+    if !supported(py, &p)
+        || !plain_float(now)
+        || !plain_float(ingested)
+        || p.actions.len() > max_actions_per_batch
+    {
+        return Ok(None);
+    }
+    let sid = PyString::new(py, &p.session_id);
+    let found = lookup.call1((&sid,))?;
+    let entry: Option<&[u8]> = if found.is_none() {
+        None
+    } else {
+        Some(found.extract()?)
+    };
+    let parsed: Option<State> = match entry {
+        Some(raw) => match serde_json::from_slice(raw) {
+            Ok(state) => Some(state),
+            Err(_) => return Ok(None),
+        },
+        None => None,
+    };
+    let existed = parsed.is_some();
+    let mut s = parsed.unwrap_or_else(|| State::new(offset, &p.product_id));
+    if s.debounce.get() != "[]" || !plain(&s.product_id) || !plain_opt(&s.conversation_id) {
+        return Ok(None);
+    }
+    let n = p.actions.len();
+    if existed && offset <= s.last_offset {
+        return Ok(Some((sid.unbind(), existed, None, None, None, n))); // a replay
+    }
+    (s.last_offset, s.last_seen, s.ingested_at) = (offset, now, ingested);
+    if !p.product_id.is_empty() {
+        s.product_id = Str(Cow::Borrowed(&p.product_id));
+    }
+    let (mut op, mut request) = (None, None);
+    if n > 0 {
+        let mut b = Out(Vec::with_capacity(raw.len() + 256));
+        encode_payload(&p, &mut b);
+        let size = b.0.len() as i64;
+        if s.next_batch > s.first_batch && s.pending_bytes + size > max_pending_bytes {
+            return Ok(None); // an early summary first: the Python transition writes it
+        }
+        let seq_from = s.next_seq;
+        s.next_seq = seq_from + n as i64;
+        if let Some(c) = p.conversation_id.as_deref().filter(|c| !c.is_empty()) {
+            s.conversation_id = Some(Str(Cow::Borrowed(c)));
+        }
+        op = Some(PyBytes::new(py, &operation(&p, &s, seq_from, &b.0, now, ingested)).unbind());
+        store.call_method1(
+            intern!(py, "put"),
+            (&sid, s.next_batch, PyBytes::new(py, &b.0)),
+        )?;
+        s.next_batch += 1;
+        s.pending_actions += n as i64;
+        s.pending_bytes += size;
+        if s.pending_actions >= threshold {
+            let batches =
+                store.call_method1(intern!(py, "take"), (&sid, s.first_batch, s.next_batch))?;
+            request = Some(
+                PyBytes::new(py, &summarize_request(&p.session_id, &mut s, batches, now)?).unbind(),
+            );
+        }
+    }
+    let entry = Some(PyBytes::new(py, &s.encode()).unbind());
+    Ok(Some((sid.unbind(), existed, entry, op, request, n)))
+}
+
+/// `_summarize_request(final=False)`: the request's JSON as orjson writes it, and the
+/// state moved past it (its batches stay in their slots for the next to reuse).
+fn summarize_request(
+    sid: &str,
+    s: &mut State,
+    batches: Bound<'_, PyAny>,
+    now: f64,
+) -> PyResult<Vec<u8>> {
+    let mut r = Out(Vec::with_capacity(4096));
+    r.raw("{\"session_id\":");
+    r.string(sid);
+    r.raw(",\"product_id\":");
+    r.string(&s.product_id);
+    r.raw(",\"generation\":");
+    r.int(s.generation);
+    r.raw(",\"seq_from\":");
+    r.int(s.summarized_to + 1);
+    r.raw(",\"seq_to\":");
+    r.int(s.next_seq - 1);
+    r.raw(",\"batches\":[");
+    for (i, batch) in batches.try_iter()?.enumerate() {
+        if i > 0 {
+            r.raw(",");
+        }
+        r.0.extend_from_slice(batch?.downcast::<PyBytes>()?.as_bytes());
+    }
+    r.raw("],\"final\":false,\"created_at\":");
+    r.float(now);
+    r.raw("}");
+    s.summarized_to = s.next_seq - 1;
+    s.batch_slots = s.batch_slots.max(s.next_batch);
+    s.first_batch = 0;
+    s.next_batch = 0;
+    s.pending_actions = 0;
+    s.pending_bytes = 0;
+    Ok(r.0)
+}
+
+/// The `actions_written` operation, as `_write_batch` writes it with orjson.
+fn operation(
+    p: &Payload,
+    s: &State,
+    seq_from: i64,
+    body: &[u8],
+    now: f64,
+    ingested: f64,
+) -> Vec<u8> {
+    let n = p.actions.len() as i64;
+    let seq_to = seq_from + n - 1;
+    let mut text = String::with_capacity(256);
+    text.push_str("Session ");
+    text.push_str(&p.session_id);
+    text.push_str(" \u{2014} ");
+    if n == 1 {
+        text.push_str("action ");
+        text.push_str(itoa::Buffer::new().format(seq_from));
+    } else {
+        text.push_str("actions ");
+        text.push_str(itoa::Buffer::new().format(seq_from));
+        text.push('-');
+        text.push_str(itoa::Buffer::new().format(seq_to));
+    }
+    let mut acted = p.actions[0].timestamp_end;
+    for (seq, a) in (seq_from..).zip(&p.actions) {
+        text.push_str("\n[");
+        text.push_str(itoa::Buffer::new().format(seq));
+        text.push_str("] ");
+        text.push_str(&a.kind);
+        text.push_str(": ");
+        text.push_str(&a.description);
+        text.push_str(" \u{2014} ");
+        text.push_str(&a.canonical_url);
+        if a.timestamp_end > acted {
+            acted = a.timestamp_end;
+        }
+    }
+    let mut o = Out(Vec::with_capacity(body.len() + text.len() + 320));
+    o.raw("{\"op\":\"actions_written\",\"session_id\":");
+    o.string(&p.session_id);
+    o.raw(",\"product_id\":");
+    o.string(&p.product_id);
+    o.raw(",\"conversation_id\":");
+    o.opt_string(s.conversation_id.as_deref());
+    o.raw(",\"generation\":");
+    o.int(s.generation);
+    o.raw(",\"seq_from\":");
+    o.int(seq_from);
+    o.raw(",\"seq_to\":");
+    o.int(seq_to);
+    o.raw(",\"text\":");
+    o.string(&text);
+    o.raw(",\"payload\":");
+    o.0.extend_from_slice(body);
+    o.raw(",\"emitted_at\":");
+    o.float(now);
+    o.raw(",\"ingested_at\":");
+    o.float(ingested);
+    o.raw(",\"acted_at\":");
+    o.float(acted);
+    o.raw("}");
+    o.0
+}
