@@ -14,13 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agents.accumulate.state import BatchStore, Emission, Limits, Transition
+from streams.native import native as _native  # None: not built, the Python transition does it all
 
 __all__ = ["Lookup", "apply_compiled", "compiled_for"]
-
-try:
-    import agent_context_native as _native
-except ImportError:  # not built: the Python transition does it all
-    _native = None
 
 Lookup = Callable[[str], bytes | None]  # a session's entry, None for a new session
 
@@ -42,6 +38,7 @@ def apply_compiled(
 ) -> Transition | None:
     """``apply_payload`` for the payload ``raw`` on its session's entry, ``lookup(session)``;
     None when declined: nothing was changed, the Python path takes the payload."""
+    assert _native is not None  # compiled_for said so
     done = _native.transition(
         raw,
         lookup,

@@ -27,6 +27,7 @@ from schemas.connector import ACTIONS as ACTIONS_FRAME
 from schemas.connector import parse_actions, session_hint
 from streams.dead_letters import dead_letter
 from streams.errors import AgentContextError
+from streams.partitions import default_partitioner
 from streams.settings import Settings
 from streams.topics import ACTIONS, DEAD_LETTERS, LINKS, MESSAGE_MAX_BYTES
 
@@ -209,7 +210,7 @@ class ActionsProducer:
     async def _send(self, topic: str, key: str | None, value: bytes) -> RecordMetadata:
         if self._closed:
             raise ProduceError("producer is stopped")
-        # The key's utf-8 bytes go through the default (murmur2) partitioner, the
+        # The key's utf-8 bytes go through Kafka's default (murmur2) partitioner, the
         # same one Faust uses: a session lands on one partition in every topic.
         key_bytes = key.encode("utf-8") if key is not None else None
         try:
@@ -239,6 +240,7 @@ class ActionsProducer:
                 enable_idempotence=True,  # a retried batch is not written twice
                 linger_ms=self._linger_ms,
                 request_timeout_ms=self._request_timeout_ms,
+                partitioner=default_partitioner,  # aiokafka's, compiled where built
             )
             try:
                 await producer.start()

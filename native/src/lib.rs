@@ -1,7 +1,9 @@
-//! The accumulator's per-payload transition, compiled (`transition.rs`), on a strict
-//! JSON reader and orjson's writer (`json.rs`) for the input payload (`payload.rs`).
+//! The hot paths compiled: the accumulator's per-payload transition (`transition.rs`), on
+//! a strict JSON reader and orjson's writer (`json.rs`) for the input payload
+//! (`payload.rs`); Kafka's default partitioner (`partition.rs`).
 
 mod json;
+mod partition;
 mod payload;
 mod transition;
 
@@ -10,5 +12,6 @@ use pyo3::prelude::*;
 #[pymodule]
 fn agent_context_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transition::transition, m)?)?;
+    m.add_function(wrap_pyfunction!(partition::partition_of, m)?)?;
     Ok(())
 }
