@@ -81,9 +81,11 @@ class ContextStore:
         *,
         cache_size: int = 10_000,
         read: Callable[[TableT[str, bytes], str], bytes | None] | None = None,
+        decoded: Callable[[], object] | None = None,
     ) -> None:
         """``read``: how to read the table (a ``WriteBehind``'s ``get``: with the writes
-        still pending); the store's values by default."""
+        still pending); the store's values by default. ``decoded``: called for each stored
+        context decoded from the table (a counter's ``inc``): the cache's misses."""
         self._app, self._table = app, table
         self._get = read or stores.read
         self._cache: OrderedDict[str, tuple[SessionContext, _Layout]] = OrderedDict()
@@ -91,6 +93,7 @@ class ContextStore:
         # once per summary, and dumping them per operation was 9% of a sink (py-spy).
         self._nested: dict[tuple[str, str], tuple[Any, orjson.Fragment]] = {}
         self._cache_size = cache_size
+        self._decoded = decoded or (lambda: None)
         self._generation: int | None = None
 
     def get(self, session_id: str) -> bytes | None:
@@ -144,6 +147,7 @@ class ContextStore:
         raw = self._get(self._table, session_id)
         if raw is None:
             return SessionContext(session_id=session_id), _FRESH
+        self._decoded()
         header = orjson.loads(raw)
         if "slots" not in header:
             return self._read_legacy(session_id, header)

@@ -95,7 +95,13 @@ class SinkStage:
         self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.inline = getattr(sink, "inline", False)
         self.reads_payload = getattr(sink, "reads_payload", True)  # a plug-in may read it
-        self.store = ContextStore(app, self.contexts, read=self.writes.get if self.inline else None)
+        self.store = ContextStore(
+            app,
+            self.contexts,
+            cache_size=settings.sink_context_cache,
+            read=self.writes.get if self.inline else None,
+            decoded=metrics.SINK_CONTEXTS_DECODED.labels(sink.name).inc,
+        )
         # Bound once: ``labels()`` per operation was 3% of a sink's CPU (py-spy).
         self.end_to_end = metrics.END_TO_END.labels(sink.name)
         self.action_age = metrics.ACTION_AGE_AT_SINK.labels(sink.name)

@@ -69,6 +69,11 @@ SINK_OPERATIONS = Counter(
     "ac_sink_operations_total", "Context operations handled by a sink", ["sink", "op", "outcome"]
 )
 SINK_RETRIES = Counter("ac_sink_retries_total", "Sink delivery retries", ["sink"])
+SINK_CONTEXTS_DECODED = Counter(
+    "ac_sink_contexts_decoded_total",
+    "Stored contexts a sink decoded from its table: not in its cache (AC_SINK_CONTEXT_CACHE)",
+    ["sink"],
+)
 # A sink observes these three per operation, on its event loop: see LoopHistogram.
 END_TO_END = LoopHistogram(
     "ac_end_to_end_seconds",

@@ -361,6 +361,28 @@ def test_a_context_evicted_while_its_writes_are_pending_loads_from_them() -> Non
     assert store.get("b") is not None and store.get("c") is None
 
 
+@pytest.mark.parametrize(("cache_size", "decoded"), [(3, 0), (2, 6)])
+def test_live_sessions_past_the_cache_are_decoded_per_operation(
+    cache_size: int, decoded: int
+) -> None:
+    """``AC_SINK_CONTEXT_CACHE``: three sessions in turn fit a cache of three, and are each
+    decoded from the table at every operation with room for two (LRU), each counted
+    (``ac_sink_contexts_decoded_total``), each loading what was saved."""
+    table, count = _Table(), []
+    app = cast(Any, SimpleNamespace(consumer_generation_id=1))
+    store = ContextStore(
+        app, cast(Any, table), cache_size=cache_size, decoded=lambda: count.append(1)
+    )
+    saved = {}
+    for seq in (1, 2, 3):
+        for sid in ("a", "b", "c"):
+            before = store.load(sid)
+            assert before == saved.get(sid, SessionContext(session_id=sid))
+            saved[sid] = before.advanced(written(seq, seq).model_copy(update={"session_id": sid}))
+            _apply(table, store.save(before, saved[sid]))
+    assert len(count) == decoded  # the first round found nothing stored: nothing decoded
+
+
 def _stored_steps() -> list[tuple[Any, dict[str, Any]]]:
     """Operations with what a sink puts in ``extra`` after each: every kind of save."""
     first, second = (SessionLedger(actions=n, pages={f"/p{n}": n}) for n in (2, 6))
