@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from streams.observe.loop_histogram import LoopHistogram
+from streams.observe.loop_metrics import LoopCounter, LoopHistogram
 
 ACTIONS_IN = Counter("ac_actions_in_total", "Actions applied by the accumulator")
 COMPILED_PAYLOADS = Counter(
@@ -65,7 +65,8 @@ LLM_FAILURES = Counter("ac_llm_failures_total", "Failed LLM calls", ["kind"])
 LLM_IN_FLIGHT = Gauge("ac_llm_in_flight", "LLM calls in flight")
 BREAKER_STATE = Gauge("ac_llm_breaker_open", "1 while the LLM circuit breaker is open")
 BREAKER_TRANSITIONS = Counter("ac_llm_breaker_transitions_total", "Breaker changes", ["to"])
-SINK_OPERATIONS = Counter(
+# Counted per operation on a sink's event loop: see LoopCounter.
+SINK_OPERATIONS = LoopCounter(
     "ac_sink_operations_total", "Context operations handled by a sink", ["sink", "op", "outcome"]
 )
 SINK_RETRIES = Counter("ac_sink_retries_total", "Sink delivery retries", ["sink"])
