@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
+import rocksdict
 from faust.stores.memory import Store as MemoryStore
 from faust.stores.rocksdb import Store as RocksDBStore
 from faust.types import TableT
@@ -57,17 +58,17 @@ def put(store: Any, entries: Iterable[tuple[str, bytes | None]], partition: int)
         # Faust's RocksDB ``_set`` writes into the database of the *current
         # event's* partition (and asserts there is one): wrong for a timer, a
         # lane task, or a batch holding several partitions' events. Write into
-        # the key's own partition database, as recovery would.
-        db = None
+        # the key's own partition database, as recovery would, and as its
+        # ``apply_changelog_batch`` does: one WriteBatch, without its key index
+        # (a put a record was 10% of a RocksDB pipeline: test_stores.py).
+        batch = rocksdict.WriteBatch(raw_mode=True)
         for key, value in entries:
-            raw = key.encode()
             if value is None:
-                store._del(raw)
-                continue
-            if db is None:
-                db = store._db_for_partition(partition)
-            db.put(raw, value)
-            store._key_index[raw] = partition
+                batch.delete(key.encode())
+            else:
+                batch.put(key.encode(), value)
+        if len(batch):
+            store._db_for_partition(partition).write(batch)
         return
     data = store.data if isinstance(store, MemoryStore) else store  # its dict, as ``read``
     for key, value in entries:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from streams._faust.rocksdb import BoundedRocksDBOptions, memory_bytes
+from streams._faust.stores import put, read
 from streams.app import create_app
 from streams.settings import Settings
 from streams.tables import session_table
@@ -38,3 +39,23 @@ def test_all_databases_share_one_bounded_block_cache(tmp_path: Path) -> None:
     assert 0 < memory["block_cache"] <= CACHE_BYTES * 1.1  # LRU shards may overshoot a little
     # Index and filter blocks are in the cache, not beside it.
     assert memory["table_readers"] < 64 * 1024
+
+
+def test_acknowledged_records_are_written_in_order_into_the_key_s_partition(
+    tmp_path: Path,
+) -> None:
+    """``stores.put``: one WriteBatch per call, applied in order (a key written twice, deleted,
+    written again), into the database of the records' partition, where ``read`` finds them."""
+    app = create_app(Settings(store="rocksdb://", data_dir=tmp_path), role="pipeline")
+    table = session_table(app, "sessions")
+    keys = [f"session-{i}" for i in range(40)]
+    partition = table.partition_for_key(keys[0])
+    mine = [k for k in keys if table.partition_for_key(k) == partition][:3]
+    a, b, c = mine
+    put(table.data, [(a, b"1"), (b, b"x"), (a, b"2"), (b, None), (c, None), (c, b"3")], partition)
+    assert [read(table, k) for k in (a, b, c)] == [b"2", None, b"3"]
+    put(table.data, [(a, None)], partition)
+    put(table.data, [], partition)  # nothing to write: no empty batch
+    assert read(table, a) is None
+    others = [p for p in table.data._dbs if p != partition]
+    assert all(table.data._dbs[p].get(c.encode()) is None for p in others)
