@@ -11,13 +11,43 @@ the ``_created`` series (tests/unit/test_loop_metrics.py).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import INF, floatToGoString
 
 __all__ = ["LoopCounter", "LoopHistogram"]
+
+C = TypeVar("C")
+
+
+class _Labelled(Generic[C]):
+    """A metric's name in ``registry`` and its children by label values, each made by
+    ``child()`` when first asked for (a bound child shows at zero, as prometheus_client's)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        child: Callable[[], C],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._name, self._documentation = name, documentation
+        self._labelnames = tuple(labelnames)
+        self._child = child
+        self._children: dict[tuple[str, ...], C] = {}
+        registry.register(self)  # type: ignore[arg-type]  # a Collector: collect() in each subclass
+
+    def labels(self, *values: str) -> C:
+        if len(values) != len(self._labelnames):
+            raise ValueError(f"{self._name}: labels {self._labelnames}, got {values}")
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._child()
+        return child
 
 
 class _Child:
@@ -34,7 +64,7 @@ class _Child:
         self.sum += value
 
 
-class LoopHistogram:
+class LoopHistogram(_Labelled[_Child]):
     """A labelled histogram (``labels(*values).observe(v)``) for one thread's observations."""
 
     def __init__(
@@ -48,18 +78,7 @@ class LoopHistogram:
     ) -> None:
         bounds = sorted(float(b) for b in buckets)
         self._bounds = bounds if bounds[-1] == INF else [*bounds, INF]
-        self._name, self._documentation = name, documentation
-        self._labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], _Child] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> _Child:
-        if len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name}: labels {self._labelnames}, got {values}")
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = _Child(self._bounds)
-        return child
+        super().__init__(name, documentation, labelnames, lambda: _Child(self._bounds), registry)
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
@@ -89,7 +108,7 @@ class _Count:
         self.value += amount
 
 
-class LoopCounter:
+class LoopCounter(_Labelled[_Count]):
     """A labelled counter (``labels(*values).inc(n)``) for one thread's increments."""
 
     def __init__(
@@ -100,18 +119,7 @@ class LoopCounter:
         *,
         registry: CollectorRegistry = REGISTRY,
     ) -> None:
-        self._name, self._documentation = name, documentation
-        self._labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], _Count] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> _Count:
-        if len(values) != len(self._labelnames):
-            raise ValueError(f"{self._name}: labels {self._labelnames}, got {values}")
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = _Count()
-        return child
+        super().__init__(name, documentation, labelnames, _Count, registry)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
