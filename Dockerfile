@@ -1,5 +1,5 @@
-# The accumulator's compiled transition (native/: Rust through PyO3), built into a wheel
-# here; the worker runs without it too (the Python transition writes the same bytes).
+# The compiled hot paths (native/: Rust through PyO3; the transition, Kafka's partitioner),
+# built into a wheel here; the workers run without it too (their Python twins do the same).
 FROM rust:1-slim-bookworm AS native
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/*

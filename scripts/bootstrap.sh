@@ -22,19 +22,19 @@ else
   echo "[setup] .venv is up to date"
 fi
 
-# The accumulator's compiled transition (native/, Rust through PyO3 and maturin): built
-# where cargo is (rustup puts it in ~/.cargo/bin); without it the Python transition runs
-# alone and writes the same bytes (agents/accumulate/compiled.py).
+# The compiled hot paths (native/, Rust through PyO3 and maturin: the accumulator's
+# transition, Kafka's partitioner): built where cargo is (rustup puts it in ~/.cargo/bin);
+# without it their Python twins run alone and do the same (streams/native.py).
 [[ -x $HOME/.cargo/bin/cargo ]] && PATH="$PATH:$HOME/.cargo/bin"
 native_stamp=".venv/.native-$(cat native/Cargo.toml native/Cargo.lock native/src/*.rs | sha256sum | cut -c1-16)"
 if [[ ! -f $native_stamp ]]; then
   if command -v cargo >/dev/null 2>&1; then
-    echo "[setup] building the compiled transition (native/, Rust: a minute the first time)"
+    echo "[setup] building the compiled hot paths (native/, Rust: a minute the first time)"
     .venv/bin/python -m pip install --disable-pip-version-check -q ./native
     rm -f .venv/.native-*
     touch "$native_stamp"
   else
-    echo "[setup] no cargo: the accumulator's transition runs in Python (install Rust to compile it)"
+    echo "[setup] no cargo: the transition and the partitioner run in Python (install Rust to compile them)"
   fi
 fi
 
