@@ -151,7 +151,8 @@ class Settings(BaseSettings):
     # live session beyond them is decoded from the table per operation (~25 µs more).
     sink_context_cache: int = Field(default=10_000, ge=1)
     # The accumulator's compiled transition (native/, where built): off, every payload takes
-    # the Python one, which writes the same bytes (agents/accumulate/compiled.py).
+    # the Python one, which writes the same bytes (agents/accumulate/compiled.py). Kafka's
+    # partitioner, exact either way, is compiled whenever native/ is built (streams/partitions.py).
     compiled: bool = True
 
     # Privacy (agents/pii): where the PII filter applies ("llm", "llm,destinations", "off"),
