@@ -20,7 +20,15 @@ import httpx
 import orjson
 
 from scripts.bench.baselines import bench_sdk
-from scripts.bench.measure import Workers, new_run, settings_of, wait_healthy, wait_metric
+from scripts.bench.measure import (
+    Workers,
+    metric,
+    new_run,
+    scrape,
+    settings_of,
+    wait_healthy,
+    wait_metric,
+)
 from scripts.bench.throughput import changelog_bytes
 from scripts.bench.workload import changelog_records, produce_records
 
@@ -99,6 +107,8 @@ async def bench_sink_once(
             )
             cpu = workers.cpu_seconds()[0] - cpu_start
             workers.stop_profiles()
+            # The cache's misses (AC_SINK_CONTEXT_CACHE): 0 while the sessions fit in it.
+            decoded = metric(await scrape(client, port), "ac_sink_contexts_decoded_total")
     finally:
         workers.stop()
     logged = await changelog_records(args.bootstrap, env["AC_APP_ID"])
@@ -107,6 +117,7 @@ async def bench_sink_once(
         "cpu": cpu * 1e6 / args.actions_total,
         "logged": logged / len(records),
         "bytes": changelog_bytes(args.bootstrap, env["AC_APP_ID"]) / len(records),
+        "decoded": decoded / len(records),
     }
 
 
@@ -123,6 +134,7 @@ async def run_sink(args: argparse.Namespace, payloads: list[dict[str, Any]], act
             print(
                 f"{args.sink} sink from {tree}: {found['rate']:,.0f} actions/s, "
                 f"{found['cpu']:.1f} us of CPU per action ({found['cpu'] / sdk_cpu:.2f}x the SDK's), "
-                f"{found['logged']:.2f} changelog records ({found['bytes']:,.0f} bytes) per operation",
+                f"{found['logged']:.2f} changelog records ({found['bytes']:,.0f} bytes) per operation, "
+                f"{found['decoded']:.2f} contexts decoded from the table per operation",
                 flush=True,
             )
