@@ -6,6 +6,7 @@ names the setting, instead of failing at the first threshold crossing.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -217,6 +218,17 @@ class Settings(BaseSettings):
             re.compile(value)
         except re.error as exc:
             raise ValueError(f"not a regular expression ({exc})") from None
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _store_kind(cls, value: str) -> str:
+        if value not in ("memory://", "rocksdb://"):
+            raise ValueError(f"{value!r}: must be memory:// or rocksdb://")
+        if value == "rocksdb://" and importlib.util.find_spec("rocksdict") is None:
+            raise ValueError(
+                "rocksdb:// needs the rocksdb extra: pip install 'agent-context-streams[rocksdb]'"
+            )
         return value
 
     @field_validator("pii")

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import rocksdict
 from faust.stores.rocksdb import RocksDBOptions
 
 from streams._faust import stores
 from streams._faust.stores import databases
+
+if TYPE_CHECKING:  # the rocksdb extra: imported where the store is used, not by every worker
+    import rocksdict
 
 __all__ = ["MEMORY_KINDS", "BoundedRocksDBOptions", "bound", "memory_bytes"]
 
@@ -31,15 +33,19 @@ BLOOM_BITS_PER_KEY = 10  # ~1% false positives: a new session's lookup rarely re
 
 @functools.cache
 def _shared_cache(size: int) -> rocksdict.Cache:
-    return rocksdict.Cache(size)
+    from rocksdict import Cache
+
+    return Cache(size)
 
 
 class BoundedRocksDBOptions(RocksDBOptions):
     """Faust's rocksdict options, with the process-wide cache described above."""
 
     def as_options(self) -> rocksdict.Options:
+        from rocksdict import BlockBasedOptions
+
         options = super().as_options()
-        table = rocksdict.BlockBasedOptions()
+        table = BlockBasedOptions()
         table.set_bloom_filter(BLOOM_BITS_PER_KEY, False)
         table.set_block_cache(_shared_cache(self.block_cache_size))
         table.set_cache_index_and_filter_blocks(True)

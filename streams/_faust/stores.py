@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
-import rocksdict
 from faust.stores.memory import Store as MemoryStore
 from faust.stores.rocksdb import Store as RocksDBStore
 from faust.types import TableT
@@ -59,9 +58,11 @@ def put(store: Any, entries: Iterable[tuple[str, bytes | None]], partition: int)
         # event's* partition (and asserts there is one): wrong for a timer, a
         # lane task, or a batch holding several partitions' events. Write into
         # the key's own partition database, as recovery would, and as its
-        # ``apply_changelog_batch`` does: one WriteBatch, without its key index
-        # (a put a record was 10% of a RocksDB pipeline: test_stores.py).
-        batch = rocksdict.WriteBatch(raw_mode=True)
+        # ``apply_changelog_batch`` does: one WriteBatch, without its key index (a put
+        # per record was 10% of a RocksDB pipeline; test_rocksdb_store.py).
+        from rocksdict import WriteBatch  # the rocksdb extra (streams/_faust/rocksdb.py)
+
+        batch = WriteBatch(raw_mode=True)
         for key, value in entries:
             if value is None:
                 batch.delete(key.encode())

@@ -1,14 +1,20 @@
-"""The RocksDB store's memory is bounded by configuration, not by the data (_faust/rocksdb.py)."""
+"""The RocksDB store: its memory bounded by configuration, not by the data (_faust/rocksdb.py),
+its writes, and the extra it needs only where it is used."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from streams._faust.rocksdb import BoundedRocksDBOptions, memory_bytes
 from streams._faust.stores import put, read
 from streams.app import create_app
-from streams.settings import Settings
+from streams.settings import ConfigurationError, Settings, from_environment
 from streams.tables import session_table
 
 CACHE_BYTES = 1024 * 1024
@@ -59,3 +65,33 @@ def test_acknowledged_records_are_written_in_order_into_the_key_s_partition(
     assert read(table, a) is None
     others = [p for p in table.data._dbs if p != partition]
     assert all(table.data._dbs[p].get(c.encode()) is None for p in others)
+
+
+def test_workers_start_without_the_rocksdb_extra() -> None:
+    """rocksdict is the ``rocksdb`` extra: a worker on the default in-memory store imports
+    and declares its tables without it (the stream layer imported it for every worker)."""
+    code = (
+        "import sys; sys.modules['rocksdict'] = None\n"
+        "import agents.app, sinks.app\n"
+        "from streams.app import create_app\n"
+        "from streams.settings import Settings\n"
+        "from streams.tables import session_keyed_table\n"
+        "session_keyed_table(create_app(Settings(), role='pipeline'), 'sessions')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_store_setting_is_checked_with_a_one_line_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AC_STORE", "redis://")
+    with pytest.raises(ConfigurationError, match=r"^invalid setting AC_STORE: 'redis://': must be"):
+        from_environment(Settings)
+    monkeypatch.setenv("AC_STORE", "rocksdb://")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "rocksdict" else real(name)
+    )
+    with pytest.raises(ConfigurationError, match=r"rocksdb:// needs the rocksdb extra: pip"):
+        from_environment(Settings)
