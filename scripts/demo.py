@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from agents.ingest.producer import ActionsProducer  # noqa: E402
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions  # noqa: E402
+from scripts.bench.measure import metric, scrape  # noqa: E402
 from scripts.demo_report import console, show_results  # noqa: E402
 from streams.app import worker_command  # noqa: E402
 from streams.settings import Settings  # noqa: E402
@@ -155,7 +155,7 @@ async def run(args: argparse.Namespace) -> None:
             )
             live = await live_session(client, settings, sink.port, args.threshold)
             contexts = await fetch_contexts(client, sink.port, [*sessions, live["session_id"]])
-            compiled = await counter(client, pipeline.port, "ac_compiled_payloads_total")
+            compiled = metric(await scrape(client, pipeline.port), "ac_compiled_payloads_total")
         applied = len(payloads) + len(live["payloads"])
         console.print(
             f"      the pipeline worker applied {applied} payloads: {compiled:.0f} by the "
@@ -177,16 +177,6 @@ async def run(args: argparse.Namespace) -> None:
 
 
 LIVE_SESSION = "ps_live_going"
-
-
-async def counter(client: httpx.AsyncClient, port: int, name: str) -> float:
-    """A counter's value on a worker's /metrics (0 when it has none)."""
-    text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return sample.value
-    return 0.0
 
 
 async def live_session(
