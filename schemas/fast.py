@@ -22,7 +22,6 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.actions import ActionsPayload, SlimAction
 from schemas.codec import InvalidMessage, decode, describe
-from schemas.ledger import LedgerEntry, SessionLedger
 from schemas.operations import (
     ActionsWritten,
     SessionErased,
@@ -154,23 +153,12 @@ ExactPayload = struct_of(
     extra=(("type", str, "actions"),),  # the connector's event type
     actions=list[ExactAction],  # type: ignore[valid-type]
 )
-_Entry = struct_of(LedgerEntry, "LedgerEntryStruct", forbid=True)
-_Ledger = struct_of(
-    SessionLedger,
-    "LedgerStruct",
-    forbid=True,
-    errors=list[_Entry],  # type: ignore[valid-type]
-    key_actions=list[_Entry],  # type: ignore[valid-type]
-    first_step=_Entry | None,
-    last_step=_Entry | None,
-)
 _Request = struct_of(
     SummarizeRequest,
     "RequestStruct",
     forbid=True,
     batches=list[ExactPayload],  # type: ignore[valid-type]
-    ledger=_Ledger | None,
-)
+)  # its ledger a SessionLedger: a Struct that refuses unknown fields, exact as it is
 # What the summarize stage takes: the model's values, its batches as Payloads, a ledger
 # (sent by an accumulator before session 21) as the model's JSON form.
 if TYPE_CHECKING:
@@ -181,8 +169,6 @@ else:
     )
 _input_decoder = msgspec.json.Decoder(ExactPayload)
 _request_decoder = msgspec.json.Decoder(_Request)
-_LEDGER_FIELDS = frozenset(SessionLedger.model_fields)
-_ENTRY_FIELDS = frozenset(LedgerEntry.model_fields)
 
 
 def _check() -> None:
@@ -235,20 +221,6 @@ def decode_payload(raw: bytes | None) -> Payload:
     return payload_struct(decode(ActionsPayload, raw))
 
 
-def _entry(struct: Any) -> LedgerEntry | None:
-    return None if struct is None else built(LedgerEntry, asdict(struct), _ENTRY_FIELDS)
-
-
-def _ledger(struct: Any) -> SessionLedger | None:
-    if struct is None:
-        return None
-    fields = asdict(struct)
-    for name in ("errors", "key_actions"):
-        fields[name] = [_entry(e) for e in fields[name]]
-    fields["first_step"], fields["last_step"] = _entry(struct.first_step), _entry(struct.last_step)
-    return built(SessionLedger, fields, _LEDGER_FIELDS)
-
-
 def _exact_request(r: Any) -> bool:
     """SeqRange's bounds and SummarizeRequest's ``_ordered`` (a final may be empty)."""
     ordered = r.seq_to >= r.seq_from or (r.final and not r.batches and r.seq_from == r.seq_to + 1)
@@ -286,7 +258,7 @@ _WrittenStruct: Any = struct_of(
     ActionsWritten, "WrittenStruct", "actions_written", forbid=True, payload=ExactPayload
 )
 _SummaryStruct: Any = struct_of(
-    SummaryReady, "SummaryStruct", "summary_ready", forbid=True, ledger=_Ledger | None, usage=Any
+    SummaryReady, "SummaryStruct", "summary_ready", forbid=True, usage=Any
 )
 _ErasedStruct: Any = struct_of(SessionErased, "ErasedStruct", "session_erased", forbid=True)
 _message_decoder = msgspec.json.Decoder(_WrittenStruct | _SummaryStruct | _ErasedStruct)  # type: ignore[valid-type]
@@ -335,8 +307,7 @@ def _fast_message(
         fields["op"] = "actions_written"
         fields["payload"] = payload_of(struct.payload) if payload else None
         return built(ActionsWritten, fields, _NAMES[ActionsWritten])
-    fields["op"] = "summary_ready"
-    fields["ledger"] = _ledger(struct.ledger)
+    fields["op"] = "summary_ready"  # its ledger decoded as it is: a Struct
     try:
         if struct.usage is not None:
             fields["usage"] = SummaryUsage.model_validate(struct.usage)

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+import msgspec
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import PydanticCustomError, core_schema
 
 from schemas.actions import SlimAction
 from schemas.text import holds_any, one_line
@@ -111,28 +113,44 @@ def _search(
     return pattern.search(text) is not None
 
 
-class LedgerEntry(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class LedgerEntry(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     seq: int
     text: str
 
 
-class SessionLedger(BaseModel):
-    """The wire and pull-view form (the accumulator keeps the same shape as a dict)."""
+class SessionLedger(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The wire and pull-view form (the summarize stage keeps the same shape as a dict).
+
+    A msgspec Struct, not a pydantic model: a sink builds one per summary, and the
+    model's entries cost 23 of a summary operation's 32 µs (docs/decisions.md). The
+    message models embed it by :meth:`__get_pydantic_core_schema__`; unknown fields
+    are refused, so what msgspec takes from bytes, orjson and pydantic take too
+    (tests/unit/test_fast_decode.py)."""
 
     actions: int = 0
     batches: int = 0
     first_at: float = 0.0  # the first action's time (its timestamp, else its arrival)
     last_at: float = 0.0
-    pages: dict[str, int] = Field(default_factory=dict)  # the most visited, with counts
+    pages: dict[str, int] = msgspec.field(default_factory=dict)  # the most visited, counts
     other_page_actions: int = 0  # actions on pages not in ``pages``
-    errors: list[LedgerEntry] = Field(default_factory=list)  # the latest
+    errors: list[LedgerEntry] = msgspec.field(default_factory=list)  # the latest
     errors_total: int = 0
-    key_actions: list[LedgerEntry] = Field(default_factory=list)  # the latest
+    key_actions: list[LedgerEntry] = msgspec.field(default_factory=list)  # the latest
     key_actions_total: int = 0
     first_step: LedgerEntry | None = None
     last_step: LedgerEntry | None = None
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        """A field of a pydantic model: validated by msgspec (a ledger or its JSON form,
+        a one-line reason naming where it is wrong), dumped as its JSON form."""
+        return core_schema.no_info_plain_validator_function(
+            _validated,
+            serialization=core_schema.plain_serializer_function_ser_schema(msgspec.to_builtins),
+            json_schema_input_schema=core_schema.dict_schema(),
+        )
 
     def render(self) -> str:
         """The compact block an agent reads after the summary."""
@@ -175,8 +193,36 @@ def _span(first: float, last: float) -> str:
     return f", {start} to {end} UTC ({length})"
 
 
+def _known(value: Any, fields: tuple[str, ...]) -> Any:
+    return {k: v for k, v in value.items() if k in fields} if isinstance(value, dict) else value
+
+
+def _validated(value: Any) -> SessionLedger:
+    """A ledger, or its JSON form with unknown fields dropped (a later version's, as the
+    pydantic model dropped them: only msgspec's exact path refuses them)."""
+    if isinstance(value, SessionLedger):
+        return value
+    entry = LedgerEntry.__struct_fields__
+    value = _known(value, SessionLedger.__struct_fields__)
+    if isinstance(value, dict):
+        for name in ("errors", "key_actions"):
+            if isinstance(entries := value.get(name), list):
+                value[name] = [_known(e, entry) for e in entries]
+        for name in ("first_step", "last_step"):
+            if name in value:
+                value[name] = _known(value[name], entry)
+    try:
+        return msgspec.convert(value, SessionLedger, strict=False)
+    except msgspec.ValidationError as exc:  # "Expected `int`, got `str` - at `$.pages.p`"
+        reason, _, where = str(exc).partition(" - at `$")
+        path = where.rstrip("`").lstrip(".")
+        raise PydanticCustomError(
+            "ledger", "{reason}", {"reason": f"{path}: {reason}" if path else reason}
+        ) from None
+
+
 def new_ledger() -> dict[str, Any]:
-    return SessionLedger().model_dump(mode="json")
+    return msgspec.to_builtins(SessionLedger())  # type: ignore[no-any-return]
 
 
 def _entry(seq: int, action: SlimAction) -> dict[str, Any]:

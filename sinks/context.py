@@ -62,13 +62,13 @@ class SessionContext(msgspec.Struct, kw_only=True):
     refused: list[str] = msgspec.field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """The context as JSON values (the ledger as its model dumps it)."""
-        return msgspec.to_builtins(self, enc_hook=_ledger_json)  # type: ignore[no-any-return]
+        """The context as JSON values."""
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SessionContext:
         """What :meth:`to_json` gave, validated (unknown fields ignored)."""
-        return msgspec.convert(data, cls, dec_hook=_ledger_model)
+        return msgspec.convert(data, cls)
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(self.to_json())
@@ -154,18 +154,6 @@ class SessionContext(msgspec.Struct, kw_only=True):
 
 
 _replace = msgspec.structs.replace
-
-
-def _ledger_json(value: Any) -> Any:
-    if isinstance(value, SessionLedger):
-        return value.model_dump(mode="json")
-    raise NotImplementedError(f"cannot encode {type(value).__name__}")
-
-
-def _ledger_model(kind: type, value: Any) -> Any:
-    if kind is SessionLedger:
-        return SessionLedger.model_validate(value)
-    raise NotImplementedError(f"cannot decode {kind}")
 
 
 REFUSED_KEPT = 10_000  # per session; the oldest are forgotten (their re-drive is skipped)

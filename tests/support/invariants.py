@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from schemas import ActionsPayload, InvalidMessage, decode
 from schemas.ledger import SessionLedger
 from sinks.context import summary_block
@@ -264,7 +266,7 @@ def summary_text(summary: dict[str, Any]) -> str:
     return summary_block(
         summary["summary"],
         summary["seq_to"],
-        SessionLedger.model_validate(ledger) if ledger else None,
+        msgspec.convert(ledger, SessionLedger) if ledger else None,
         bool(summary.get("final")),
     )
 

@@ -169,6 +169,7 @@ written_ops = st.fixed_dictionaries(
         "ingested_at": st.integers(0, 2**40),
     },
 )
+entries = st.fixed_dictionaries({"seq": seq, "text": text}, optional={"a_later_field": seq})
 summary_ops = st.fixed_dictionaries(
     {
         "op": st.just("summary_ready"),
@@ -185,7 +186,12 @@ summary_ops = st.fixed_dictionaries(
         "ledger": st.none()
         | st.fixed_dictionaries(
             {"actions": seq, "pages": st.dictionaries(text, seq, max_size=2)},
-            optional={"first_step": st.none() | st.fixed_dictionaries({"seq": seq, "text": text})},
+            optional={
+                "first_step": st.none() | entries,
+                "errors": st.lists(entries, max_size=2),
+                "first_at": st.floats(allow_nan=False, allow_infinity=False) | seq,
+                "a_later_field": text,  # a later version's: dropped, as pydantic dropped it
+            },
         ),
         "usage": st.none()
         | st.fixed_dictionaries(

@@ -7,14 +7,24 @@ import re
 from collections import Counter
 from typing import Any
 
+import msgspec
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.accumulate.state import Emission, Limits, MemoryBatchStore, apply_payload, close_idle
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from agents.summarize.state import SummaryState, count_facts
-from schemas import ActionsPayload, SlimAction, SummarizeRequest, decode
+from schemas import (
+    ActionsPayload,
+    InvalidMessage,
+    SlimAction,
+    SummarizeRequest,
+    SummaryReady,
+    decode,
+    encode,
+)
 from schemas.fast import payload_struct
 from schemas.ledger import LedgerLimits, SessionLedger, _search, count_batches, new_ledger
 
@@ -39,7 +49,7 @@ def facts_after(requests: list[SummarizeRequest], limits: LedgerLimits) -> Sessi
     for request in requests:
         count_facts(state, request, limits)
     assert state.ledger is not None
-    return SessionLedger.model_validate(state.ledger)
+    return msgspec.convert(state.ledger, SessionLedger)
 
 
 def requests_of(emissions: list[Emission]) -> list[SummarizeRequest]:
@@ -99,7 +109,7 @@ def test_the_ledger_stays_bounded_and_its_page_counts_add_up() -> None:
         ).actions
         count_batches(ledger, [(actions, 1.0)], batch * 10 + 1, limits)
         sizes.append(len(orjson.dumps(ledger)))
-    parsed = SessionLedger.model_validate(ledger)
+    parsed = msgspec.convert(ledger, SessionLedger)
     assert parsed.actions == 10_000 and len(parsed.pages) == 5
     assert sum(parsed.pages.values()) + parsed.other_page_actions == 10_000
     assert len(parsed.errors) == 2 and len(parsed.key_actions) == 3
@@ -140,6 +150,40 @@ def test_facts_sent_by_an_older_accumulator_are_taken_as_they_are() -> None:
     assert state.ledger is None
 
 
+def test_a_message_model_carries_the_ledger_in_its_json_form() -> None:
+    """The message models embed the Struct: its JSON form in, the same JSON out, a JSON
+    schema, and a one-line reason naming the wrong field (InvalidMessage, a dead letter)."""
+    facts = {
+        **new_ledger(),
+        "actions": 3,
+        "first_at": 1.5,
+        "pages": {"/x": 3},
+        "errors": [{"seq": 2, "text": "error: failed"}],
+        "errors_total": 1,
+        "last_step": {"seq": 3, "text": "click: Save"},
+    }
+    summary = {
+        "op": "summary_ready",
+        "session_id": "s",
+        "seq_from": 1,
+        "seq_to": 3,
+        "window_from": 1,
+        "summary": "sum",
+        "emitted_at": 1.0,
+    }
+    op = decode(SummaryReady, orjson.dumps({**summary, "ledger": facts}))
+    assert op.ledger == msgspec.convert(facts, SessionLedger)
+    assert op.model_dump(mode="json")["ledger"] == op.model_dump()["ledger"] == facts
+    assert decode(SummaryReady, encode(op)) == op
+    assert "ledger" in SummaryReady.model_json_schema()["properties"]
+    wrong = {**facts, "errors": [{"seq": "two", "text": "t"}]}
+    with pytest.raises(InvalidMessage) as refused:
+        decode(SummaryReady, orjson.dumps({**summary, "ledger": wrong}))
+    assert refused.value.reason == (
+        "invalid SummaryReady: ledger: errors[0].seq: Expected `int`, got `str`"
+    )
+
+
 def test_the_ledger_renders_compactly_in_good_english() -> None:
     ledger = new_ledger()
     action = ActionsPayload.model_validate(
@@ -157,7 +201,7 @@ def test_the_ledger_renders_compactly_in_good_english() -> None:
         }
     ).actions
     count_batches(ledger, [(action, 0.0)], 1, LedgerLimits())
-    assert SessionLedger.model_validate(ledger).render() == (
+    assert msgspec.convert(ledger, SessionLedger).render() == (
         "Session facts (counted from every action, not written by the model):\n"
         "- 1 action in 1 batch, 2023-11-14 22:13:20 to 22:14:50 UTC (1m30s)\n"
         "- Pages (actions): /integrations (1)\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from agents.pii import PiiFilter
@@ -109,7 +110,7 @@ def test_the_summary_operation_is_the_models_bytes(
         summary=text,
         final=carry_from is None,
         emitted_at=1.7e9,
-        ledger=None if state.ledger is None else SessionLedger.model_validate(state.ledger),
+        ledger=None if state.ledger is None else msgspec.convert(state.ledger, SessionLedger),
         usage=usage,
         summarized_in_s=0.123,
     )
