@@ -122,10 +122,11 @@ class SessionLedger(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The wire and pull-view form (the summarize stage keeps the same shape as a dict).
 
     A msgspec Struct, not a pydantic model: a sink builds one per summary, and the
-    model's entries cost 23 of a summary operation's 32 µs (docs/decisions.md). The
-    message models embed it by :meth:`__get_pydantic_core_schema__`; unknown fields
-    are refused, so what msgspec takes from bytes, orjson and pydantic take too
-    (tests/unit/test_fast_decode.py)."""
+    model's entries cost 23 of a summary operation's 32 µs (docs/decisions.md). It
+    refuses unknown fields (msgspec would skip them unchecked), so what it takes from
+    bytes the models take too; the message models embed it by
+    :meth:`__get_pydantic_core_schema__`, which drops unknown fields, as the pydantic
+    model did (tests/unit/test_fast_decode.py)."""
 
     actions: int = 0
     batches: int = 0
