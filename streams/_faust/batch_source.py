@@ -32,7 +32,7 @@ from faust.transport.consumer import Consumer
 from faust.types import TP, Message
 
 from streams._faust import divert
-from streams._faust.consumer import ack_all
+from streams._faust.consumer import ack_all, track_all
 from streams.observe import metrics
 from streams.observe.lag import consumption_starts, tables_recovered
 
@@ -62,9 +62,7 @@ class BatchSource:
 
     def _take(self, consumer: Consumer, fetched: TP, messages: list[Message]) -> None:
         """One partition's fetched records (``divert``), tracked and buffered in order."""
-        track = consumer.track_message  # a rebalance waits until each is acknowledged
-        for message in messages:
-            track(message)
+        track_all(consumer, messages)  # a rebalance waits until each is acknowledged
         self._buffer.extend(messages)
         self._ready.set()
         tp = TP(fetched.topic, fetched.partition)  # Faust's (the fetch's is aiokafka's)

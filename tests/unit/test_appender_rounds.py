@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from aiokafka.cluster import ClusterMetadata
 
 from streams._faust.appender import Appender
+from streams.partitions import partition_of
 from streams.settings import Settings
 from tests.support.waiting import wait_for
 
@@ -33,7 +35,9 @@ class _Producer:
 
     def __init__(self) -> None:
         cluster = SimpleNamespace(
-            partitions_for_topic=lambda topic: {0}, leader_for_partition=lambda tp: 1
+            partitions_for_topic=lambda topic: {0},
+            leader_for_partition=lambda tp: 1,
+            add_listener=lambda listener: None,
         )
         self.client = SimpleNamespace(cluster=cluster)
         self.sent: list[tuple[list[bytes], asyncio.Future[Any]]] = []
@@ -117,3 +121,24 @@ def test_the_wait_is_its_setting_or_the_inline_sinks_earlier_one(
     assert Settings().changelog_round_ms == 5
     monkeypatch.setenv("AC_CHANGELOG_ROUND_MS", "7")
     assert Settings().changelog_round_ms == 7
+
+
+async def test_a_keyed_record_goes_by_the_partitions_of_the_latest_metadata() -> None:
+    """The partitions a topic has are counted once per metadata update (aiokafka built a set
+    per record to count them), and counted again after one: a grown topic's keys move."""
+    cluster = ClusterMetadata()
+    cluster._partitions = {"t": dict.fromkeys(range(2))}
+    producer = SimpleNamespace(client=SimpleNamespace(cluster=cluster))
+    appender = Appender(lambda: producer)  # type: ignore[arg-type,return-value]
+    keys = [b"k%d" % n for n in range(100)]
+    key = next(k for k in keys if partition_of(k, 2) != partition_of(k, 8))
+    appender.append_keyed("t", key, b"1")
+    cluster._partitions = {"t": dict.fromkeys(range(8))}  # as an update builds them
+    appender.append_keyed("t", key, b"2")  # no update seen yet: the count it had
+    for listener in list(cluster._listeners):  # what ``update_metadata`` calls
+        listener(cluster)
+    appender.append_keyed("t", key, b"3")
+    held = {partition: len(group.records) for (_, partition), group in appender._groups.items()}
+    assert held == {partition_of(key, 2): 2, partition_of(key, 8): 1}
+    assert appender.append_keyed("u", key, b"4") is None  # no metadata for it yet
+    cast(asyncio.Task[None], appender._task).cancel()  # its rounds are not this test's

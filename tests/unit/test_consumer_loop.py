@@ -122,3 +122,27 @@ async def test_a_fetch_takes_at_most_the_configured_bytes_per_partition(tmp_path
         app = create_app(settings, role="pipeline")
         kafka_consumer = app.consumer._thread._create_consumer(loop)
         assert kafka_consumer._max_partition_fetch_bytes == expected
+
+
+async def test_a_sources_records_are_tracked_past_fausts_sensors(tmp_path: Path) -> None:
+    """A diverted partition's records are pending for a rebalance's wait until acknowledged,
+    as ``track_message`` leaves them, and Faust's sensors never count them: a sensor counts
+    a record out when a stream acknowledges it, so its monitor held them active for ever."""
+    from faust.types import TP, ConsumerMessage
+
+    from streams._faust.batch_source import BatchSource
+
+    app = create_app(Settings(data_dir=tmp_path), role="pipeline")
+    app.sensors.add(app.monitor)  # as the worker's start adds it
+    source = BatchSource(app, app.topic("t.tracked"))
+    app.topics._acking_topics.add("t.tracked")
+    consumer, tp = app.consumer, TP("t.tracked", 0)
+    messages = [
+        ConsumerMessage(tp.topic, 0, o, 0.0, 0, None, b"k", b"v", None, 1, 1, tp) for o in (7, 8)
+    ]
+    source._take(consumer, tp, messages)
+    assert all(m in consumer._unacked_messages for m in messages)
+    source.ack_all(messages)
+    assert not consumer._unacked_messages
+    assert app.monitor.messages_active == 0
+    assert app.monitor.messages_received_total == 0

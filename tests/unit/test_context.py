@@ -8,6 +8,8 @@ from typing import Any, cast
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas import ActionsPayload, ActionsWritten, SummaryReady
 from schemas.ledger import SessionLedger
@@ -413,6 +415,20 @@ def _writes_of(store: ContextStore, table: _Table) -> list[list[Any]]:
 
 
 GOLDEN = Path(__file__).parent / "data" / "context_writes.json"
+
+
+@given(text=st.text(), seq=st.integers(1, 2**62), generation=st.integers(0, 2**62))
+def test_a_slot_holds_its_batch_as_orjson_wrote_it(text: str, seq: int, generation: int) -> None:
+    """A slot's record, encoded by msgspec, is the bytes orjson wrote for the batch's fields
+    and its generation (escapes, non-ASCII text, large numbers): loads read either."""
+    store, table = _store()
+    first = written(seq, seq, generation).model_copy(update={"text": text})
+    second = written(seq + 1, seq + 1, generation).model_copy(update={"text": text})
+    context = SessionContext(session_id="s").advanced(first)
+    _apply(table, store.save(SessionContext(session_id="s"), context))
+    (write,) = store.save(context, context.advanced(second))  # a batch after the last: its slot
+    fields = {"seq_from": seq + 1, "seq_to": seq + 1, "text": text, "generation": generation}
+    assert write[2] == orjson.dumps(fields)
 
 
 def test_a_context_is_stored_byte_for_byte_as_the_pydantic_model_stored_it() -> None:
