@@ -88,12 +88,12 @@ class Appender:
     ) -> asyncio.Future[RecordMetadata] | None:
         """``append`` to the partition the producer's default partitioner picks for ``key``;
         ``None`` while the producer has no metadata for ``topic`` (then use ``send``)."""
+        cluster = self._producer().client.cluster
+        if cluster is not self._cluster:  # the first call, or a new producer's
+            self._cluster, self._partitions = cluster, {}
+            cluster.add_listener(self._metadata_updated)
         count = self._partitions.get(topic)
         if count is None:
-            cluster = self._producer().client.cluster
-            if cluster is not self._cluster:  # a new producer's
-                self._cluster = cluster
-                cluster.add_listener(self._metadata_updated)
             partitions = cluster.partitions_for_topic(topic)
             if not partitions:
                 return None

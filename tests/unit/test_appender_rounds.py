@@ -125,7 +125,8 @@ def test_the_wait_is_its_setting_or_the_inline_sinks_earlier_one(
 
 async def test_a_keyed_record_goes_by_the_partitions_of_the_latest_metadata() -> None:
     """The partitions a topic has are counted once per metadata update (aiokafka built a set
-    per record to count them), and counted again after one: a grown topic's keys move."""
+    per record to count them), and counted again after one, or for a new producer: a grown
+    topic's keys move."""
     cluster = ClusterMetadata()
     cluster._partitions = {"t": dict.fromkeys(range(2))}
     producer = SimpleNamespace(client=SimpleNamespace(cluster=cluster))
@@ -140,5 +141,10 @@ async def test_a_keyed_record_goes_by_the_partitions_of_the_latest_metadata() ->
     appender.append_keyed("t", key, b"3")
     held = {partition: len(group.records) for (_, partition), group in appender._groups.items()}
     assert held == {partition_of(key, 2): 2, partition_of(key, 8): 1}
+    restarted = ClusterMetadata()  # a new producer's metadata: counted afresh
+    restarted._partitions = {"t": dict.fromkeys(range(2))}
+    producer.client.cluster = restarted
+    appender.append_keyed("t", key, b"5")
+    assert len(appender._groups[("t", partition_of(key, 2))].records) == 3
     assert appender.append_keyed("u", key, b"4") is None  # no metadata for it yet
     cast(asyncio.Task[None], appender._task).cancel()  # its rounds are not this test's
