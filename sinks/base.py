@@ -22,7 +22,8 @@ The lifecycle, in one sink worker (``sinks/runner/``):
    A sink whose ``apply`` is local and quick sets ``inline = True`` (null, stdout, view):
    each fetched batch is then applied in order in one task and committed once.
    A sink that never reads an ``ActionsWritten``'s ``payload`` sets
-   ``reads_payload = False`` (null, stdout, files, intercom): it is then None.
+   ``reads_payload = False`` (null, stdout, files, intercom): it is then None, neither
+   parsed nor checked.
 4. ``await link(session_id, conversation_id, context)``, only for a
    :class:`LinkAwareSink`, in the same per-session order as the operations.
 5. ``await erase(session_id, context)`` on an erasure request: remove what the
@@ -87,7 +88,7 @@ class Sink(ABC):
     # instead of a task and a commit per operation; a retry then holds every session.
     inline: bool = False
     # False for a sink that never reads ``ActionsWritten.payload`` (its header and
-    # ``text`` suffice): left None, two thirds of decoding's cost (test_fast_decode.py).
+    # ``text`` suffice): left None, unparsed, two thirds of decoding's cost (test_fast_decode.py).
     reads_payload: bool = True
 
     @classmethod

@@ -40,7 +40,8 @@ def decode_redriven(raw: bytes | None, *, payload: bool = True) -> Redriven:
 
 
 def decode_operation(raw: bytes | None, *, payload: bool = True) -> Operation | SessionErased:
-    """``payload=False``: an ``actions_written``'s payload left None (``Sink.reads_payload``)."""
+    """``payload=False``: an ``actions_written``'s payload neither parsed nor checked, left
+    None (``Sink.reads_payload``)."""
     if raw is None:
         raise InvalidMessage("empty message (no value)")
     return decode_context_message(raw, payload=payload)
