@@ -77,7 +77,16 @@ class ContextApp(FaustApp):
     @functools.cached_property
     def appender(self) -> Appender:
         """Batches records per partition for the hot paths' table writes (``_faust.appender``)."""
-        return Appender(self.aiokafka_producer, max_wait_s=self.settings.changelog_round_ms / 1000)
+        conf = self.conf
+        # The compiled batch builder writes neither a codec nor a transaction's marker.
+        plain = not conf.producer_compression_type and conf.processing_guarantee.value == (
+            "at_least_once"
+        )
+        return Appender(
+            self.aiokafka_producer,
+            max_wait_s=self.settings.changelog_round_ms / 1000,
+            batch_bytes=conf.producer_max_batch_size if plain else None,
+        )
 
     def consumer_on_loop(self) -> bool:
         return not self.settings.consumer_thread

@@ -1,7 +1,9 @@
 //! The hot paths compiled: the accumulator's per-payload transition (`transition.rs`), on
 //! a strict JSON reader and orjson's writer (`json.rs`) for the input payload
-//! (`payload.rs`); Kafka's default partitioner (`partition.rs`).
+//! (`payload.rs`); Kafka's default partitioner (`partition.rs`); Kafka's record batches
+//! (`batch.rs`).
 
+mod batch;
 mod json;
 mod partition;
 mod payload;
@@ -13,5 +15,7 @@ use pyo3::prelude::*;
 fn agent_context_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transition::transition, m)?)?;
     m.add_function(wrap_pyfunction!(partition::partition_of, m)?)?;
+    m.add_function(wrap_pyfunction!(batch::record_batches, m)?)?;
+    m.add_class::<batch::RecordBatch>()?;
     Ok(())
 }

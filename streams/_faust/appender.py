@@ -41,12 +41,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata, TopicPartition
 
+from streams.native import native
 from streams.partitions import partition_of
 
 __all__ = ["Appender"]
@@ -70,11 +72,18 @@ class Appender:
     """``append`` records to a topic partition; await what it returns for the broker's ack."""
 
     def __init__(
-        self, producer: Callable[[], AIOKafkaProducer], *, max_wait_s: float = 0.0
+        self,
+        producer: Callable[[], AIOKafkaProducer],
+        *,
+        max_wait_s: float = 0.0,
+        batch_bytes: int | None = None,
     ) -> None:
-        """``max_wait_s``: how long a ``may_wait`` record waits for a round to join."""
+        """``max_wait_s``: how long a ``may_wait`` record waits for a round to join.
+        ``batch_bytes``: the producer's batch size, for batches built by the compiled
+        builder (uncompressed, not transactional); None: by the producer's own builder."""
         self._producer = producer
         self.max_wait_s = max_wait_s
+        self._batch_bytes = batch_bytes if native is not None else None
         self._groups: dict[tuple[str, int], _Group] = {}
         self._busy: set[int | None] = set()  # brokers (leader ids) with a round in flight
         self._waiting = asyncio.Event()
@@ -194,7 +203,10 @@ class Appender:
         handed over before the other groups' first would go out alone.
         """
         producer = self._producer()
-        built = {slot: _batches(producer, group) for slot, group in groups.items()}
+        if self._batch_bytes is None:
+            built = {slot: _batches(producer, group) for slot, group in groups.items()}
+        else:
+            built = _built_batches(groups, self._batch_bytes)
         sent: dict[tuple[str, int], list[asyncio.Future[Any]]] = {slot: [] for slot in built}
         failed: set[tuple[str, int]] = set()
         for layer in range(max(len(batches) for batches in built.values())):
@@ -250,6 +262,19 @@ def _batches(producer: AIOKafkaProducer, group: _Group) -> list[tuple[Any, int]]
     builder.close()  # nothing else joins it (``send`` may add to an open batch)
     out.append((builder, in_builder))
     return out
+
+
+def _built_batches(
+    groups: dict[tuple[str, int], _Group], batch_bytes: int
+) -> dict[tuple[str, int], list[tuple[Any, int]]]:
+    """``_batches`` for each group, built whole by ``native.record_batches``: the same bytes
+    at ~0.1 against ~0.9 µs a record (tests/unit/test_record_batches.py), every record of
+    the round at one timestamp."""
+    build, now = native.record_batches, int(time.time() * 1000)  # type: ignore[union-attr]
+    return {
+        slot: [(batch, batch.record_count()) for batch in build(group.records, batch_bytes, now)]
+        for slot, group in groups.items()
+    }
 
 
 def _acknowledge(

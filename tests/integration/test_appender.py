@@ -1,7 +1,9 @@
 """``streams._faust.appender`` against a real broker: shared acknowledgements, and ``then``
 callbacks that run only once the broker has the records (``streams._faust.changelog``
 makes a table's store take a value there, so the store never holds what the
-changelog does not)."""
+changelog does not). Each test runs with aiokafka's batch builder and with the compiled
+one the workers use (``native.record_batches``), which an idempotent producer sends: the
+broker checks its sequence numbers and CRCs."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import RecordMetadata
 
 from streams._faust.appender import Appender
+from streams.native import native
 from tests.support.kafka_io import scratch_topic
 from tests.support.waiting import wait_for
 
@@ -28,9 +31,30 @@ async def topic(kafka_bootstrap: str) -> AsyncIterator[str]:
         yield name
 
 
+@pytest.fixture(params=["aiokafka", "compiled"])
+def builder(request: pytest.FixtureRequest) -> str:
+    if request.param == "compiled" and native is None:
+        pytest.skip("native/ not built")
+    return str(request.param)
+
+
+def _appender(producer: AIOKafkaProducer, builder: str, batch_bytes: int = 16_384) -> Appender:
+    """An appender on ``builder``'s batches (``batch_bytes``: the producer's batch size)."""
+    return Appender(lambda: producer, batch_bytes=batch_bytes if builder == "compiled" else None)
+
+
+def _producer(bootstrap: str, builder: str, **config: Any) -> AIOKafkaProducer:
+    idempotent = builder == "compiled"  # as the workers' producers are
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", enable_idempotence=idempotent, **config
+    )
+
+
 @pytest.fixture
-async def producer(kafka_bootstrap: str, topic: str) -> AsyncIterator[AIOKafkaProducer]:
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+async def producer(
+    kafka_bootstrap: str, topic: str, builder: str
+) -> AsyncIterator[AIOKafkaProducer]:
+    producer = _producer(kafka_bootstrap, builder)
     await producer.start()
     try:
         await wait_for(  # the topic's metadata reaches the producer a moment after creation
@@ -56,9 +80,9 @@ async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 async def test_then_callbacks_run_in_order_once_the_broker_has_the_records(
-    kafka_bootstrap: str, topic: str, producer: AIOKafkaProducer
+    kafka_bootstrap: str, topic: str, producer: AIOKafkaProducer, builder: str
 ) -> None:
-    appender = Appender(lambda: producer)
+    appender = _appender(producer, builder)
     ran: list[int] = []
     seen_at_acknowledgement: dict[int, list[int]] = {}  # partition -> callbacks run by then
 
@@ -87,8 +111,10 @@ async def test_then_callbacks_run_in_order_once_the_broker_has_the_records(
         assert acknowledged[partition].offset == ends[partition] - 1
 
 
-async def test_a_failed_append_runs_no_callback(topic: str, producer: AIOKafkaProducer) -> None:
-    appender = Appender(lambda: producer)
+async def test_a_failed_append_runs_no_callback(
+    topic: str, producer: AIOKafkaProducer, builder: str
+) -> None:
+    appender = _appender(producer, builder)
     ran: list[int] = []
     missing_partition = PARTITIONS + 3
     ack = appender.append(topic, missing_partition, b"k", b"v", then=lambda: ran.append(1))
@@ -113,10 +139,10 @@ class _SendBatchLog:
 
 
 async def test_what_is_appended_while_a_round_is_in_flight_goes_next_as_one_batch(
-    kafka_bootstrap: str, topic: str, producer: AIOKafkaProducer
+    kafka_bootstrap: str, topic: str, producer: AIOKafkaProducer, builder: str
 ) -> None:
     log = _SendBatchLog(producer)
-    appender = Appender(lambda: producer)
+    appender = _appender(producer, builder)
     for _ in range(5):  # the broker may answer before this task's next turn: try again
         log.calls.clear()
         log.called.clear()
@@ -139,14 +165,14 @@ async def test_what_is_appended_while_a_round_is_in_flight_goes_next_as_one_batc
 
 
 async def test_every_groups_first_batch_goes_before_any_second(
-    kafka_bootstrap: str, topic: str
+    kafka_bootstrap: str, topic: str, builder: str
 ) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", max_batch_size=4096)
+    producer = _producer(kafka_bootstrap, builder, max_batch_size=4096)
     await producer.start()
     try:
         await wait_for(lambda: _has_partitions(producer, topic), timeout=30, message="no metadata")
         log = _SendBatchLog(producer)
-        appender = Appender(lambda: producer)
+        appender = _appender(producer, builder, batch_bytes=4096)
         # Three batches' worth per partition, appended in one turn: one round.
         acks = [
             appender.append(topic, partition, b"k", f"{partition}-{i}-".encode() * 100)
