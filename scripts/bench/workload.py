@@ -155,11 +155,30 @@ def _producer(bootstrap: str) -> AIOKafkaProducer:
 
 
 async def produce_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
-    """``(key, value)`` records to ``topic`` as fast as the producer goes."""
+    """``(key, value)`` records to ``topic`` as fast as the producer goes, each on its key's
+    partition (Kafka's default partitioner). In whole batches per partition, as the paced
+    generator sends them: with a ``send`` per record the backlog's producer took ~45 µs of
+    CPU a payload, most of a core for the first third of an end-to-end run, on the cores
+    the workers it measures share (docs/performance.md, session 37)."""
     producer = _producer(bootstrap)
     await producer.start()
     try:
-        await asyncio.gather(*[await producer.send(topic, v, key=k) for k, v in records])
+        partitions = len(await producer.partitions_for(topic))
+        futures: list[asyncio.Future[Any]] = []
+        batches: dict[int, Any] = {}
+        for key, value in records:
+            partition = partition_of(key, partitions)
+            if (batch := batches.get(partition)) is None:
+                batch = batches[partition] = producer.create_batch()
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                batch.close()
+                futures.append(await producer.send_batch(batch, topic, partition=partition))
+                batch = batches[partition] = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        for partition, batch in batches.items():
+            batch.close()
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+        await asyncio.gather(*futures)
     finally:
         await producer.stop()
 
