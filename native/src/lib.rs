@@ -1,9 +1,10 @@
 //! The hot paths compiled: the accumulator's per-payload transition (`transition.rs`), on
 //! a strict JSON reader and orjson's writer (`json.rs`) for the input payload
 //! (`payload.rs`); Kafka's default partitioner (`partition.rs`); Kafka's record batches
-//! (`batch.rs`).
+//! written (`batch.rs`) and read into Faust's messages (`fetch.rs`).
 
 mod batch;
+mod fetch;
 mod json;
 mod partition;
 mod payload;
@@ -17,5 +18,6 @@ fn agent_context_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(partition::partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(batch::record_batches, m)?)?;
     m.add_class::<batch::RecordBatch>()?;
+    m.add_function(wrap_pyfunction!(fetch::fetched_messages, m)?)?;
     Ok(())
 }

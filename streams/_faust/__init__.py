@@ -1,19 +1,22 @@
 """Everything that patches or bypasses Faust's internals, behind one version guard.
 
 The modules here copy or override private methods of faust-streaming 0.15 (the
-patches in ``divert``, the consumer, the stores); nothing outside this package
-touches Faust's internals (tests/unit/test_architecture.py, ``lint-imports``).
+patches in ``divert``, the consumer, the stores) and of aiokafka 0.14 (its fetcher's
+record sets in ``fetch``, its batch builder's contract in ``appender``); nothing outside
+this package touches their internals (tests/unit/test_architecture.py, ``lint-imports``).
 """
 
 from __future__ import annotations
 
+import aiokafka
 import faust
 
 from streams.errors import AgentContextError
 
-__all__ = ["SUPPORTED_FAUST", "UnsupportedFaustError"]
+__all__ = ["SUPPORTED_AIOKAFKA", "SUPPORTED_FAUST", "UnsupportedFaustError"]
 
 SUPPORTED_FAUST = "0.15."  # pyproject pins 0.15.3: the patched methods are copies of its own
+SUPPORTED_AIOKAFKA = "0.14."  # pyproject pins 0.14.0: ``fetch`` and ``appender`` rely on it
 
 
 class UnsupportedFaustError(AgentContextError, ImportError):
@@ -24,4 +27,9 @@ if not faust.__version__.startswith(SUPPORTED_FAUST):
     raise UnsupportedFaustError(
         f"streams._faust patches faust-streaming {SUPPORTED_FAUST}x, found {faust.__version__}: "
         "check whether each fix is still needed before changing the pin in pyproject.toml"
+    )
+if not aiokafka.__version__.startswith(SUPPORTED_AIOKAFKA):
+    raise UnsupportedFaustError(
+        f"streams._faust relies on aiokafka {SUPPORTED_AIOKAFKA}x internals, found "
+        f"{aiokafka.__version__}: check fetch.py and appender.py before changing the pin"
     )

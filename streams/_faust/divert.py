@@ -28,6 +28,9 @@ from typing import Any, cast
 from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer, ensure_TP
 from faust.types import TP, Message
+from faust.types.tuples import ConsumerMessage
+
+from streams._faust import fetch
 
 __all__ = ["apply", "divert", "diverted_topics"]
 
@@ -139,7 +142,8 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
        before anything else runs: no task can seek or revoke between the fetch and the
        take, so Faust's per-record checks (the flow, the generation) hold for the whole
        batch. Faust's per-record path cost a null sink ~3 µs of its ~70 per operation
-       (py-spy, docs/performance.md; ``tests/unit/test_faust_patches.py``).
+       (py-spy, docs/performance.md; ``tests/unit/test_faust_patches.py``). The records
+       come as Faust's messages already where the compiled reader read them (``fetch``).
     3. The other records (changelogs, plain agents) are yielded one by one, as Faust does.
     4. Stream records fetched before or during a seek are not delivered; the consumer
        seeks to the committed offsets again and they come again. Changelog records are
@@ -167,7 +171,12 @@ async def _getmany(self: Consumer, timeout: float) -> AsyncIterator[tuple[TP, Me
             rest[tp] = fetched
         elif fetched and not sought and _delivers(self, tp, active):
             self.app.monitor.track_tp_end_offset(tp, self.highwater(tp))
-            take(self, tp, [to_message(tp, record) for record in fetched])
+            if type(fetched[0]) is ConsumerMessage:  # read as messages (``_faust.fetch``)
+                for message in fetched:
+                    message.generation_id = generation_id
+                take(self, tp, fetched)
+            else:
+                take(self, tp, [to_message(tp, record) for record in fetched])
             read_offset[tp] = fetched[-1].offset
     for tp, record in self.scheduler.iterate(rest) if rest else ():
         if not self.flow_active or self.app.consumer_generation_id != generation_id:
@@ -230,3 +239,4 @@ def apply() -> None:
     Consumer.perform_seek = _perform_seek  # type: ignore[method-assign]
     Consumer.getmany = _getmany  # type: ignore[method-assign,assignment]
     Consumer._wait_next_records = _wait_next_records  # type: ignore[method-assign]
+    fetch.apply(_diverted.__contains__)
