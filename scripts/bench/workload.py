@@ -9,7 +9,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import orjson
@@ -156,31 +156,40 @@ def _producer(bootstrap: str) -> AIOKafkaProducer:
 
 async def produce_records(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]]) -> None:
     """``(key, value)`` records to ``topic`` as fast as the producer goes, each on its key's
-    partition (Kafka's default partitioner). In whole batches per partition, as the paced
-    generator sends them: with a ``send`` per record the backlog's producer took ~45 µs of
-    CPU a payload, most of a core for the first third of an end-to-end run, on the cores
-    the workers it measures share (docs/performance.md, session 37)."""
+    partition (Kafka's default partitioner), in whole batches (:func:`_send_batches`): with a
+    ``send`` per record the backlog's producer took 24.9 µs of CPU a payload, most of a core
+    for the first half of an end-to-end run, on the cores the workers it measures share
+    (docs/performance.md, session 37)."""
     producer = _producer(bootstrap)
     await producer.start()
     try:
         partitions = len(await producer.partitions_for(topic))
-        futures: list[asyncio.Future[Any]] = []
-        batches: dict[int, Any] = {}
-        for key, value in records:
-            partition = partition_of(key, partitions)
-            if (batch := batches.get(partition)) is None:
-                batch = batches[partition] = producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                batch.close()
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-                batch = batches[partition] = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)
-        for partition, batch in batches.items():
-            batch.close()
-            futures.append(await producer.send_batch(batch, topic, partition=partition))
-        await asyncio.gather(*futures)
+        placed = ((partition_of(key, partitions), key, value) for key, value in records)
+        await asyncio.gather(*await _send_batches(producer, topic, placed))
     finally:
         await producer.stop()
+
+
+async def _send_batches(
+    producer: AIOKafkaProducer, topic: str, records: Iterable[tuple[int, bytes, bytes]]
+) -> list[asyncio.Future[Any]]:
+    """``(partition, key, value)`` records as one batch per partition (more where one fills),
+    each closed and handed over: an open one lingers in the producer (``linger_ms``), which
+    added up to 5 ms to every action's measured latency."""
+    futures: list[asyncio.Future[Any]] = []
+    batches: dict[int, Any] = {}
+    for partition, key, value in records:
+        if (batch := batches.get(partition)) is None:
+            batch = batches[partition] = producer.create_batch()
+        if batch.append(key=key, value=value, timestamp=None) is None:
+            batch.close()
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+            batch = batches[partition] = producer.create_batch()
+            batch.append(key=key, value=value, timestamp=None)
+    for partition, batch in batches.items():
+        batch.close()
+        futures.append(await producer.send_batch(batch, topic, partition=partition))
+    return futures
 
 
 async def _produce_paced(
@@ -198,20 +207,7 @@ async def _produce_paced(
     partitions = len(await producer.partitions_for(topic))
     futures: list[asyncio.Future[Any]] = []
     async for tick in _stamped_ticks(payloads, rate, tick_s, partitions):
-        batches: dict[int, Any] = {}
-        for partition, key, value in tick:
-            if (batch := batches.get(partition)) is None:
-                batch = batches[partition] = producer.create_batch()
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                batch.close()
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-                batch = batches[partition] = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)
-        for partition, batch in batches.items():
-            # Closed: the tick's batch is complete. An open one lingers in the producer
-            # (linger_ms), which added up to 5 ms to every action's measured latency.
-            batch.close()
-            futures.append(await producer.send_batch(batch, topic, partition=partition))
+        futures += await _send_batches(producer, topic, tick)
     return futures
 
 
