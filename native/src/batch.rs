@@ -64,7 +64,7 @@ impl RecordBatch {
     }
 
     /// The record appended, as aiokafka's builder does; false (nothing written) when it
-    /// would take the batch past `batch_size` and the batch holds one already.
+    /// would take the batch to `batch_size` or past it and the batch holds one already.
     fn push(&mut self, key: Option<&[u8]>, value: Option<&[u8]>, batch_size: usize) -> bool {
         let offset = i64::from(self.count);
         let field = |v: Option<&[u8]>| v.map_or(1, |b| varint_len(b.len() as i64) + b.len());
@@ -134,8 +134,10 @@ impl RecordBatch {
         None // closed: aiokafka starts a batch of its own
     }
 
-    fn size(&self) -> usize {
-        self.buffer.len()
+    fn size(&self, py: Python<'_>) -> usize {
+        self.built
+            .as_ref()
+            .map_or(self.buffer.len(), |b| b.bind(py).as_bytes().len())
     }
 
     fn _set_producer_state(&mut self, producer_id: i64, producer_epoch: i16, base_sequence: i32) {

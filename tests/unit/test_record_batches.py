@@ -65,7 +65,9 @@ def test_a_built_batch_takes_no_more_records() -> None:
     assert batch.closed()
     assert batch.append(timestamp=None, key=b"k", value=b"w", headers=[]) is None
     assert batch.record_count() == 1
+    size = batch.size()
     assert batch._build() == batch._build()  # built once, as aiokafka's builder
+    assert batch.size() == size == len(batch._build())
 
 
 def test_a_record_is_a_pair_of_bytes() -> None:
