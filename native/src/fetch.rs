@@ -77,10 +77,10 @@ struct Record<'a> {
     headers: Vec<(&'a str, Option<&'a [u8]>)>,
 }
 
-/// The records of `raw` at or past `fetch_offset`, each with the position after it, and
-/// the position after the last batch; None where aiokafka must read it.
+/// The records of `raw` at or past `fetch_offset` (the position after each is its offset
+/// + 1), and the position after the last batch; None where aiokafka must read it.
 #[allow(clippy::type_complexity)]
-fn parse(raw: &[u8], fetch_offset: i64, check_crcs: bool) -> Option<(Vec<(Record<'_>, i64)>, i64)> {
+fn parse(raw: &[u8], fetch_offset: i64, check_crcs: bool) -> Option<(Vec<Record<'_>>, i64)> {
     let mut out = Vec::new();
     let mut next = fetch_offset;
     let mut pos = 0;
@@ -158,7 +158,7 @@ fn parse(raw: &[u8], fetch_offset: i64, check_crcs: bool) -> Option<(Vec<(Record
                 value,
                 headers,
             };
-            out.push((record, next));
+            out.push(record);
         }
         next = batch_next;
         pos = end;
@@ -166,7 +166,7 @@ fn parse(raw: &[u8], fetch_offset: i64, check_crcs: bool) -> Option<(Vec<(Record
     Some((out, next))
 }
 
-fn bytes_or_none(py: Python<'_>, v: Option<&[u8]>) -> PyObject {
+fn py_bytes(py: Python<'_>, v: Option<&[u8]>) -> PyObject {
     v.map_or_else(|| py.None(), |b| PyBytes::new(py, b).into_any().unbind())
 }
 
@@ -195,7 +195,7 @@ fn message<'py>(
         record
             .headers
             .iter()
-            .map(|(name, value)| (PyString::new(py, name), bytes_or_none(py, *value))),
+            .map(|(name, value)| (PyString::new(py, name), py_bytes(py, *value))),
     )?;
     let none = py.None();
     obj.setattr(intern!(py, "topic"), topic)?;
@@ -204,8 +204,8 @@ fn message<'py>(
     obj.setattr(intern!(py, "timestamp"), record.timestamp as f64 / 1000.0)?;
     obj.setattr(intern!(py, "timestamp_type"), record.timestamp_type)?;
     obj.setattr(intern!(py, "headers"), headers)?;
-    obj.setattr(intern!(py, "key"), bytes_or_none(py, record.key))?;
-    obj.setattr(intern!(py, "value"), bytes_or_none(py, record.value))?;
+    obj.setattr(intern!(py, "key"), py_bytes(py, record.key))?;
+    obj.setattr(intern!(py, "value"), py_bytes(py, record.value))?;
     obj.setattr(intern!(py, "checksum"), &none)?;
     obj.setattr(intern!(py, "serialized_key_size"), size(record.key))?;
     obj.setattr(intern!(py, "serialized_value_size"), size(record.value))?;
@@ -220,9 +220,8 @@ fn message<'py>(
     Ok(obj)
 }
 
-/// `raw` (a fetch's record set for `tp`) from `fetch_offset`: Faust `cls` messages, the
-/// position after each, and the position after the whole set; None where aiokafka must
-/// read it.
+/// `raw` (a fetch's record set for `tp`) from `fetch_offset`: Faust `cls` messages and the
+/// position after the whole set; None where aiokafka must read it.
 #[pyfunction]
 #[allow(clippy::type_complexity)]
 pub(crate) fn fetched_messages<'py>(
@@ -232,17 +231,15 @@ pub(crate) fn fetched_messages<'py>(
     tp: &Bound<'py, PyTuple>,
     cls: &Bound<'py, PyType>,
     check_crcs: bool,
-) -> PyResult<Option<(Vec<Bound<'py, PyAny>>, Vec<i64>, i64)>> {
+) -> PyResult<Option<(Vec<Bound<'py, PyAny>>, i64)>> {
     let Some((records, next)) = parse(raw, fetch_offset, check_crcs) else {
         return Ok(None);
     };
     let topic = tp.get_item(0)?.downcast_into::<PyString>()?;
     let partition = tp.get_item(1)?;
-    let mut messages = Vec::with_capacity(records.len());
-    let mut ends = Vec::with_capacity(records.len());
-    for (record, end) in &records {
-        messages.push(message(py, cls, &topic, &partition, tp.as_any(), record)?);
-        ends.push(*end);
-    }
-    Ok(Some((messages, ends, next)))
+    let messages = records
+        .iter()
+        .map(|record| message(py, cls, &topic, &partition, tp.as_any(), record))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(Some((messages, next)))
 }

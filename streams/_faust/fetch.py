@@ -51,12 +51,10 @@ class _Fetched:
     """What aiokafka's ``FetchResult`` asks of a ``PartitionRecords``: its records in turn,
     and the position after the last one taken (after the whole set once all are)."""
 
-    __slots__ = ("_ends", "_final", "_messages", "_taken", "next_fetch_offset")
+    __slots__ = ("_final", "_messages", "_taken", "next_fetch_offset")
 
-    def __init__(
-        self, messages: list[ConsumerMessage], ends: list[int], final: int, fetch_offset: int
-    ) -> None:
-        self._messages, self._ends, self._final = messages, ends, final
+    def __init__(self, messages: list[ConsumerMessage], final: int, fetch_offset: int) -> None:
+        self._messages, self._final = messages, final
         self._taken = 0
         self.next_fetch_offset = fetch_offset
 
@@ -69,8 +67,9 @@ class _Fetched:
             self.next_fetch_offset = self._final
             raise StopIteration
         self._taken = taken + 1
-        self.next_fetch_offset = self._ends[taken]
-        return self._messages[taken]
+        message = self._messages[taken]
+        self.next_fetch_offset = message.offset + 1
+        return message
 
 
 def _reading(diverted: Callable[[str], bool]) -> Callable[..., Any]:
@@ -99,8 +98,8 @@ def _reading(diverted: Callable[[str], bool]) -> Callable[..., Any]:
                 records.raw, fetch_offset, tp, ConsumerMessage, check_crcs
             )
             if read is not None:
-                messages, ends, final = read
-                return _Fetched(messages, ends, final, fetch_offset)
+                messages, final = read
+                return _Fetched(messages, final, fetch_offset)
         return AiokafkaPartitionRecords(
             tp,
             records,
