@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 import faust
 
@@ -25,6 +25,7 @@ from streams.observe.lag import tables_recovered
 
 __all__ = [
     "KEY_SEPARATOR",
+    "DecodedEntries",
     "OwnedKeyCount",
     "ScanPacer",
     "batch_key",
@@ -36,6 +37,7 @@ __all__ = [
     "session_table",
 ]
 
+R = TypeVar("R")
 SCAN_YIELD_EVERY = 500  # entries between yields to the event loop while scanning
 
 log = logging.getLogger(__name__)
@@ -235,3 +237,35 @@ class OwnedKeyCount:
             if (partition := self._partition(key)) in counts:
                 counts[partition] += will_exist - (stores.read(self.table, key) is not None)
         return counts
+
+
+class DecodedEntries(Generic[R]):
+    """The entries of the keys saved last, each with the bytes it was saved as: a key's next
+    read takes its record from here instead of decoding the entry again.
+
+    A record is handed out once (``take``) and only against bytes equal to those it was
+    saved as: decoding is a function of the bytes, so whatever the store holds (the very
+    object, a store's copy, RocksDB's read) they decode to an equal record. Whoever takes
+    it and changes it saves it again, or it is decoded next time. Bounded: the keys saved
+    longest ago go first. tests/unit/test_session_state.py proves it.
+    """
+
+    def __init__(self, decode: Callable[[bytes], R], limit: int = 4096) -> None:
+        self._decode, self._limit = decode, limit
+        self._kept: dict[str, tuple[bytes, R]] = {}
+
+    def take(self, key: str, raw: bytes | None) -> R | None:
+        """The record ``raw`` holds: kept if ``raw`` is what it was saved as, else decoded."""
+        kept = self._kept.pop(key, None)
+        if raw is None:
+            return None
+        if kept is not None and kept[0] == raw:
+            return kept[1]
+        return self._decode(raw)
+
+    def keep(self, key: str, raw: bytes, record: R) -> None:
+        """``record`` was just saved as ``raw`` and is not changed after."""
+        kept = self._kept
+        kept[key] = (raw, record)
+        if len(kept) > self._limit:
+            del kept[next(iter(kept))]

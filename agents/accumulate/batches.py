@@ -1,5 +1,4 @@
-"""The accumulator's ``BatchStore`` over the sessions table, its message-size guard, and
-the session entries it decoded last."""
+"""The accumulator's ``BatchStore`` over the sessions table, and its message-size guard."""
 
 from __future__ import annotations
 
@@ -7,12 +6,12 @@ from typing import cast
 
 from faust.types import TableT
 
-from agents.accumulate.state import Emission, SessionState
+from agents.accumulate.state import Emission
 from streams._faust.write_behind import WriteBehind
 from streams.tables import batch_key
 from streams.topics import MESSAGE_MAX_BYTES
 
-__all__ = ["DecodedStates", "TableBatches", "oversized"]
+__all__ = ["TableBatches", "oversized"]
 
 
 def oversized(state: bytes, out: list[Emission]) -> str | None:
@@ -88,34 +87,3 @@ class TableBatches:
 
     def discard(self) -> None:
         self._staged.clear()
-
-
-class DecodedStates:
-    """The states of the sessions saved last, each with the bytes it was saved as: a
-    session's next payload takes its state from here instead of decoding the entry again.
-
-    A state is handed out once (``take``) and only against the very bytes object the table
-    still holds for it (nothing wrote the session since, here or by recovery); whoever
-    takes it and changes it saves it again, or it is decoded next time. Bounded: the
-    sessions saved longest ago go first. tests/unit/test_session_state.py proves it.
-    """
-
-    def __init__(self, limit: int = 4096) -> None:
-        self._limit = limit
-        self._states: dict[str, tuple[bytes, SessionState]] = {}
-
-    def take(self, session_id: str, raw: bytes | None) -> SessionState | None:
-        """The state ``raw`` holds: kept if ``raw`` is what it was saved as, else decoded."""
-        kept = self._states.pop(session_id, None)
-        if raw is None:
-            return None
-        if kept is not None and kept[0] is raw:
-            return kept[1]
-        return SessionState.from_bytes(raw)
-
-    def keep(self, session_id: str, raw: bytes, state: SessionState) -> None:
-        """``state`` was just saved as ``raw`` (the object the table holds) and not changed."""
-        states = self._states
-        states[session_id] = (raw, state)
-        if len(states) > self._limit:
-            del states[next(iter(states))]

@@ -27,7 +27,7 @@ from typing import cast
 import orjson
 from faust.types import Message
 
-from agents.accumulate.batches import DecodedStates, TableBatches, oversized
+from agents.accumulate.batches import TableBatches, oversized
 from agents.accumulate.compiled import apply_compiled, compiled_for
 from agents.accumulate.state import (
     Emission,
@@ -49,6 +49,7 @@ from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
 from streams.observe import metrics
 from streams.tables import (
+    DecodedEntries,
     OwnedKeyCount,
     ScanPacer,
     owned_partitions,
@@ -84,7 +85,7 @@ class Accumulator:
         self.sessions = sessions = session_keyed_table(app, "sessions")
         self.writes = writes = WriteBehind(app, on_error=app.crash_on_lane_error)
         self.store = TableBatches(sessions, writes)
-        self.decoded = DecodedStates()
+        self.decoded = DecodedEntries(SessionState.from_bytes)  # the Python path's states
         # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).
         self.active = OwnedKeyCount(app, sessions, topics.actions, lambda: writes.pending(sessions))
         metrics.ACTIVE_SESSIONS.set_function(self.active)

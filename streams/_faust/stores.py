@@ -52,7 +52,7 @@ def compact(value: bytes | None) -> bytes | None:
 def put(store: Any, entries: Iterable[tuple[str, bytes | None]], partition: int) -> None:
     """Apply changelog records of ``partition`` the broker has acknowledged, in order
     (``None`` deletes); each value is stored as given, the very object the write-behind's
-    readers saw (DecodedStates)."""
+    readers saw (DecodedEntries)."""
     if isinstance(store, RocksDBStore):
         # Faust's RocksDB ``_set`` writes into the database of the *current
         # event's* partition (and asserts there is one): wrong for a timer, a

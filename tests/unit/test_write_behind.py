@@ -89,7 +89,7 @@ class _Store(dict[str, Any]):
 
 async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
     # One compact copy (WriteBehind.set's), not a second one in the store: the accumulator
-    # keeps a session's decoded state against that very object (DecodedStates).
+    # keeps a session's decoded state against those bytes (DecodedEntries).
     acks, taken = _Acks(), []
     store = _Store()
     table = _table(store)
