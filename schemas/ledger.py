@@ -38,9 +38,7 @@ __all__ = [
     "LedgerLimits",
     "SessionLedger",
     "count_batches",
-    "entry_text",
     "new_ledger",
-    "page_text",
 ]
 
 ENTRY_MAX_CHARS = 120
@@ -82,11 +80,6 @@ class LedgerLimits:
         object.__setattr__(self, "_key_words", _GATE_WORDS.get(self.key_pattern))
         object.__setattr__(self, "_error_words", _GATE_WORDS.get(self.error_pattern))
         object.__setattr__(self, "_kinds", {})
-
-    @property
-    def bounds(self) -> tuple[int, int, int]:
-        """(``top_pages``, ``errors``, ``key_actions``)."""
-        return self.top_pages, self.errors, self.key_actions
 
     def is_key(self, text: str) -> bool:
         return self._key.search(text) is not None  # type: ignore[attr-defined,no-any-return]
@@ -234,12 +227,12 @@ def new_ledger() -> dict[str, Any]:
 
 
 def _entry(seq: int, action: SlimAction) -> dict[str, Any]:
-    return {"seq": seq, "text": entry_text(action.type, action.description or action.title)}
+    return {"seq": seq, "text": _entry_text(action.type, action.description or action.title)}
 
 
 # Remembered, as LedgerLimits.kinds: a product's actions repeat their texts and pages.
 @lru_cache(maxsize=KINDS_REMEMBERED)
-def entry_text(kind: str, what: str) -> str:
+def _entry_text(kind: str, what: str) -> str:
     text = one_line(f"{kind or 'action'}: {what}")
     if len(text) > ENTRY_MAX_CHARS:
         text = text[: ENTRY_MAX_CHARS - 1] + "…"
@@ -247,7 +240,7 @@ def entry_text(kind: str, what: str) -> str:
 
 
 @lru_cache(maxsize=KINDS_REMEMBERED)
-def page_text(url: str) -> str:
+def _page(url: str) -> str:
     return one_line(url or "(unknown page)")
 
 
@@ -283,7 +276,7 @@ def count_batches(
             if not first_at:
                 first_at = start or end or now
             last_at = max(last_at, end or start or now)
-            page = page_text(action.canonical_url or action.raw_url)
+            page = _page(action.canonical_url or action.raw_url)
             if page in pages:
                 pages[page] += 1
             else:

@@ -151,10 +151,9 @@ class Settings(BaseSettings):
     # Sessions whose context a sink keeps decoded (~9 KiB each at the bench's defaults); a
     # live session beyond them is decoded from the table per operation (~25 µs more).
     sink_context_cache: int = Field(default=10_000, ge=1)
-    # The accumulator's compiled transition and the summarize stage's ledger count (native/,
-    # where built): off, the Python ones, which give the same bytes (agents/accumulate/
-    # compiled.py, agents/summarize/state.py). Kafka's partitioner, exact either way, is
-    # compiled whenever native/ is built (streams/partitions.py).
+    # The accumulator's compiled transition (native/, where built): off, every payload takes
+    # the Python one, which writes the same bytes (agents/accumulate/compiled.py). Kafka's
+    # partitioner, exact either way, is compiled whenever native/ is built (streams/partitions.py).
     compiled: bool = True
 
     # Privacy (agents/pii): where the PII filter applies ("llm", "llm,destinations", "off"),

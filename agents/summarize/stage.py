@@ -189,7 +189,7 @@ class SummarizeStage:
             await acks.done(ticket)
             return
         self.check_chain(request, state)
-        count_facts(state, request, self.ledger_limits, compiled=self.settings.compiled)
+        count_facts(state, request, self.ledger_limits)
         started = time.monotonic()
         text = await self.summarise(ticket.message, request, state)
         outputs = []

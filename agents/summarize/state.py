@@ -10,9 +10,8 @@ import orjson
 from agents.summarizer import cap_summary, offline_summary
 from schemas import ActionsPayload, SessionErased, SummaryUsage, decode, fast
 from schemas.fast import Request
-from schemas.ledger import LedgerLimits, count_batches, entry_text, new_ledger, page_text
+from schemas.ledger import LedgerLimits, count_batches, new_ledger
 from schemas.records import JsonRecord
-from streams.native import native
 from streams.topics import MESSAGE_MAX_BYTES
 
 __all__ = [
@@ -82,16 +81,12 @@ class SummaryState(JsonRecord):
         )
 
 
-def count_facts(
-    state: SummaryState, request: Request, limits: LedgerLimits | None, *, compiled: bool = True
-) -> None:
+def count_facts(state: SummaryState, request: Request, limits: LedgerLimits | None) -> None:
     """Count a request's actions into the session's ledger, once per request taken.
 
     Here, not in the accumulator: once per K actions from batches this stage decodes
     anyway, not re-encoded into every session entry (docs/decisions.md). A request
     from a worker before session 21 carries the facts so far itself: taken as they are.
-    ``compiled`` (``AC_COMPILED``): counted by ``native/src/ledger.rs`` where built, which
-    gives :func:`count_batches`'s ledger or declines, untouched (tests/unit/test_ledger.py).
     """
     if limits is None:
         return
@@ -100,11 +95,6 @@ def count_facts(
         return
     if state.ledger is None:
         state.ledger = new_ledger()
-    if compiled and native is not None:
-        start, bounds = (request.created_at, request.seq_from), limits.bounds
-        texts = (limits.kinds, page_text, entry_text)
-        if native.count_batches(state.ledger, request.batches, start, bounds, texts):
-            return
     # An action with no timestamps counts as forwarded (else as requested).
     batches = ((b.actions, b.forwarded_at or request.created_at) for b in request.batches)
     count_batches(state.ledger, batches, request.seq_from, limits)

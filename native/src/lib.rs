@@ -1,13 +1,11 @@
 //! The hot paths compiled: the accumulator's per-payload transition (`transition.rs`), on
 //! a strict JSON reader and orjson's writer (`json.rs`) for the input payload
 //! (`payload.rs`); Kafka's default partitioner (`partition.rs`); Kafka's record batches
-//! written (`batch.rs`) and read into Faust's messages (`fetch.rs`); a summarize request's
-//! actions counted into the session's ledger (`ledger.rs`).
+//! written (`batch.rs`) and read into Faust's messages (`fetch.rs`).
 
 mod batch;
 mod fetch;
 mod json;
-mod ledger;
 mod partition;
 mod payload;
 mod transition;
@@ -21,6 +19,5 @@ fn agent_context_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::record_batches, m)?)?;
     m.add_class::<batch::RecordBatch>()?;
     m.add_function(wrap_pyfunction!(fetch::fetched_messages, m)?)?;
-    m.add_function(wrap_pyfunction!(ledger::count_batches, m)?)?;
     Ok(())
 }

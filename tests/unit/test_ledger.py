@@ -3,8 +3,6 @@ stage from the batches of each request (``count_facts``) and carried by every su
 
 from __future__ import annotations
 
-import copy
-import json
 import re
 from collections import Counter
 from typing import Any
@@ -12,7 +10,7 @@ from typing import Any
 import msgspec
 import orjson
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.accumulate.state import Emission, Limits, MemoryBatchStore, apply_payload, close_idle
@@ -26,19 +24,9 @@ from schemas import (
     SummaryReady,
     decode,
     encode,
-    fast,
 )
 from schemas.fast import payload_struct
-from schemas.ledger import (
-    LedgerLimits,
-    SessionLedger,
-    _search,
-    count_batches,
-    entry_text,
-    new_ledger,
-    page_text,
-)
-from scripts.bench.workload import workload
+from schemas.ledger import LedgerLimits, SessionLedger, _search, count_batches, new_ledger
 
 
 def counted_from_input(payloads: list[ActionsPayload], limits: LedgerLimits) -> dict[str, object]:
@@ -282,7 +270,7 @@ def _per_action(
     ledger: dict[str, Any], actions: list[Any], seq_from: int, limits: Any, now: float
 ) -> None:
     """The oracle: 873a9aa's ledger update, every total and bound applied per action."""
-    from schemas.ledger import _entry, page_text
+    from schemas.ledger import _entry, _page
 
     if not actions:
         return
@@ -296,7 +284,7 @@ def _per_action(
         if not ledger["first_at"]:
             ledger["first_at"] = started
         ledger["last_at"] = max(ledger["last_at"], ended)
-        page = page_text(action.canonical_url or action.raw_url)
+        page = _page(action.canonical_url or action.raw_url)
         if page in pages:
             pages[page] += 1
         else:
@@ -373,173 +361,3 @@ def test_a_request_counted_in_one_pass_is_the_per_action_ledger(
         _per_action(oracle, actions, seq, limits, now)
         seq += len(actions)
     assert orjson.dumps(fast) == orjson.dumps(oracle)
-
-
-# The compiled count (native/src/ledger.rs) against count_batches on the decoded request:
-# texts not ASCII or not printable, signed zeros, escapes, and what it must decline.
-_texts = st.sampled_from(["", "Save", "Failed", "ÉCHEC error", "a\nb", "x\u202ey", "Open"])
-_times = st.sampled_from([0.0, -0.0, 1.5, 3.0, 5])
-_struct_action = st.builds(
-    lambda kind, title, description, canonical, raw, start, end: fast.Action(
-        type=kind,
-        title=title,
-        description=description,
-        canonical_url=canonical,
-        raw_url=raw,
-        timestamp_start=start,
-        timestamp_end=end,
-    ),
-    st.sampled_from(["click", "error", "submit", "", "FAILED"]),
-    _texts,
-    _texts,
-    st.sampled_from(["", "/a", "/b", "/c", "/d\n"]),
-    st.sampled_from(["", "/r", "/a"]),
-    _times,
-    _times,
-)
-_payload = st.builds(
-    lambda actions, at: fast.Payload(session_id="s", actions=actions, forwarded_at=at),
-    st.lists(_struct_action, max_size=5),
-    st.sampled_from([0.0, 4.0, 9.0, -0.0]),
-)
-# A ledger as the stage may hold it: counted before, loaded from JSON (types the Python
-# loop keeps as they are: it must decline them), with more pages than the bound now allows.
-_tampered = st.sampled_from(
-    [
-        *[None] * 10,
-        ("first_at", 0),
-        ("last_at", 7),
-        ("actions", 2.0),
-        ("pages", {"/a": 1.0}),
-        ("pages", {"/x": 2, "/a": 1, "/y": 1, "/z": 5}),
-        ("errors", ()),
-        ("batches", 2**63),
-        ("first_step", {"seq": 1, "text": "t"}),
-    ]
-)
-# How the request's bytes are written: compact or with every non-ASCII text escaped, and
-# what the strict reader must decline (the Python path reads those, or refuses them).
-_writing = st.sampled_from(
-    [
-        *["compact", "escaped"] * 4,
-        "unknown key",
-        "a repeated key",
-        "a null title",
-        "its own ledger",
-        "an int created_at",
-        "a huge seq_from",
-    ]
-)
-
-
-def _request_bytes(batches: list[Any], seq_from: int, created_at: float, how: str) -> bytes:
-    count = sum(len(b.actions) for b in batches)
-    request = fast.Request(
-        session_id="s",
-        seq_from=seq_from,
-        seq_to=max(seq_from + count - 1, seq_from),
-        batches=batches,
-        created_at=created_at,
-        ledger=new_ledger() if how == "its own ledger" else None,
-    )
-    value = msgspec.to_builtins(request)
-    if how == "an int created_at":
-        value["created_at"] = 5
-    if how == "a huge seq_from":
-        value["seq_from"] = value["seq_to"] = 2**62
-    actions = [b["actions"] for b in value["batches"] if b["actions"]]
-    if actions and how in ("unknown key", "a null title"):
-        actions[0][0].update({"extra": 1} if how == "unknown key" else {"title": None})
-    if how == "escaped":
-        return json.dumps(value, ensure_ascii=True).encode()
-    raw = orjson.dumps(value)
-    return raw.replace(b'"final":', b'"final":false,"final":') if how == "a repeated key" else raw
-
-
-@given(
-    before=st.lists(_payload, max_size=3),
-    batches=st.lists(_payload, max_size=5),
-    tampered=_tampered,
-    bounds=st.tuples(st.integers(1, 3), st.integers(0, 2), st.integers(0, 2)),
-    created_at=st.sampled_from([0.0, -0.0, 5.0]),
-    seq_from=st.sampled_from([1, 7]),
-    how=_writing,
-)
-@example(  # max(0.0, -0.0) is 0.0: the first of equals
-    before=[],
-    batches=[fast.Payload(session_id="s", actions=[fast.Action(title="t")])],
-    tampered=None,
-    bounds=(1, 0, 0),
-    created_at=-0.0,
-    seq_from=1,
-    how="compact",
-)
-@settings(max_examples=500, deadline=None)
-def test_the_compiled_count_is_the_python_count_or_declines_untouched(
-    before: list[Any],
-    batches: list[Any],
-    tampered: tuple[str, Any] | None,
-    bounds: tuple[int, int, int],
-    created_at: float,
-    seq_from: int,
-    how: str,
-) -> None:
-    """On the request as the stage decodes it, whichever path decoded it (the exact
-    Structs, or pydantic for a null, an unknown or a repeated key)."""
-    native = pytest.importorskip("agent_context_native")
-    limits = LedgerLimits(top_pages=bounds[0], errors=bounds[1], key_actions=bounds[2])
-    ledger = new_ledger()
-    count_batches(ledger, [(p.actions, p.forwarded_at or 1.0) for p in before], 1, limits)
-    if tampered is not None:
-        name, value = tampered
-        ledger[name] = value
-    request = fast.decode_request(_request_bytes(batches, seq_from, created_at, how))
-    python, compiled = copy.deepcopy(ledger), copy.deepcopy(ledger)
-    start, texts = (request.created_at, request.seq_from), (limits.kinds, page_text, entry_text)
-    if not native.count_batches(compiled, request.batches, start, bounds, texts):
-        assert repr(compiled) == repr(ledger)  # untouched
-        return
-    counted = ((p.actions, p.forwarded_at or request.created_at) for p in request.batches)
-    count_batches(python, counted, request.seq_from, limits)
-    assert repr(compiled) == repr(python)  # the same values, types and order
-    assert tampered is None or tampered[0] in ("pages", "first_step")  # declined the rest
-    assert request.seq_from < 2**62
-
-
-def test_the_stage_counts_the_benchs_requests_compiled() -> None:
-    """The bench's workload: every request the summarize stage decodes is counted compiled,
-    and the session's ledger is the one the Python loop gives; what it cannot read as the
-    Structs' fields (models, a lone surrogate) it declines, untouched."""
-    native = pytest.importorskip("agent_context_native")
-    limits, facts = Limits(threshold=10, max_actions_per_batch=500), LedgerLimits()
-    store: MemoryBatchStore = MemoryBatchStore()
-    states: dict[str, Any] = {}
-    requests: list[bytes] = []
-    for offset, p in enumerate(workload(3000, 40, 1, min_batch=1, max_batch=3)):
-        payload = fast.decode_payload(orjson.dumps(p))
-        states[payload.session_id], out = apply_payload(
-            states.get(payload.session_id), payload, offset, limits, now=1.0e9, store=store
-        )
-        requests += [e.value for e in out if e.topic == "summarize"]
-    assert len(requests) > 100
-    compiled, python = SummaryState(generation=0), SummaryState(generation=0)
-    texts = (facts.kinds, page_text, entry_text)
-    for raw in requests:
-        request = fast.decode_request(raw)
-        start = (request.created_at, request.seq_from)
-        assert native.count_batches(new_ledger(), request.batches, start, facts.bounds, texts)
-        count_facts(compiled, request, facts)
-        count_facts(python, request, facts, compiled=False)
-    assert compiled.ledger is not None and repr(compiled.ledger) == repr(python.ledger)
-    model = decode(SummarizeRequest, requests[0])
-    odd = fast.Payload(session_id="s", actions=[fast.Action(title="\ud800", type="click")])
-    declined = [
-        (model.batches, (1.0, 1)),  # models, not Structs
-        ([odd], (1.0, 1)),
-        (request.batches, (1.0, 2**70)),  # a seq_from past int64
-        (request.batches, (1, 1)),  # an int created_at
-    ]
-    for batches, start in declined:
-        ledger = new_ledger()
-        assert not native.count_batches(ledger, batches, start, facts.bounds, texts)
-        assert ledger == new_ledger()
