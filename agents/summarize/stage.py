@@ -207,7 +207,7 @@ class SummarizeStage:
             state = state.closed_record(state.updated_at)
         self.lanes.mark(session_id, "waiting for its summary and changelog record")
         # Only then, and in offset order, may Faust commit past the request.
-        value = stores.compact(state.to_bytes())  # kept: not orjson's buffer
+        value = stores.compact(state.to_bytes())  # kept: a copy, not orjson's buffer
         self.decoded.keep(session_id, value, state)
         writes: list[Write] = [(table, session_id, value)]
         await commit(self.app, lambda: acks.done(ticket), outputs=outputs, writes=writes)
