@@ -52,33 +52,17 @@ class Workers:
         self.procs.append((proc, log))
 
     def profile(self) -> None:
-        """With --profile, py-spy (raw, 100 Hz, not pausing the worker) samples each worker
-        until ``stop_profiles``, from outside: the workers' CPU figures stay their own.
-        ``--gil``: only while the worker runs Python. Without it, a thread blocked in a
-        loopback ``sendto`` counted as busy: socket writes read 18% of the pipeline at
-        500 actions/s, against 0.6% with ``--gil`` and ~10% kernel time in ``perf``."""
+        """With --profile, py-spy samples each worker until ``stop_profiles``, from outside:
+        the workers' CPU figures stay their own (see :func:`spy_command`)."""
         if not PROFILE:
             return
-        spy = Path(sys.executable).with_name("py-spy")
         for proc, log in self.procs:
             out = log.with_suffix(".pyspy.txt")
-            command = [
-                str(spy),
-                "record",
-                "--nonblocking",
-                "--gil",
-                "-f",
-                "raw",
-                "-r",
-                "100",
-                "-o",
-                str(out),
-            ]
             self.spies.append(subprocess.Popen(
-                [*command, "--pid", str(proc.pid)],
+                spy_command(proc.pid, out, PROFILE),
                 stdout=subprocess.DEVNULL, stderr=log.with_suffix(".pyspy.log").open("wb"),
             ))  # fmt: skip
-            print(f"  profiling {log.stem} into {out}")
+            print(f"  profiling {log.stem} into {out} at {PROFILE} Hz")
 
     def stop_profiles(self) -> None:
         for spy in self.spies:
@@ -121,7 +105,19 @@ class Workers:
                 proc.kill()
 
 
-PROFILE = False  # --profile
+PROFILE = 0  # --profile: samples a second, 0 for none
+
+
+def spy_command(pid: int, out: Path, rate: int) -> list[str]:
+    """py-spy recording ``pid`` into ``out`` (raw) at ``rate`` Hz, pausing the worker for
+    each sample: without the pause, 4.4% of a null sink's samples (1,000 Hz) held stacks
+    no code makes (``observe`` calling the store), frames read while Python reused them,
+    and the shares moved by up to 8 points (docs/performance.md). ``--gil``: only while
+    the worker runs Python; without it a thread blocked in a loopback ``sendto`` counted
+    as busy (18% of the pipeline at 500 actions/s, against ~10% kernel time in ``perf``)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    return [str(spy), "record", "--gil", "-f", "raw", "-r", str(rate), "-o", str(out),
+            "--pid", str(pid)]  # fmt: skip
 LOOP = "aio"  # --loop
 WORKERS: Workers | None = None  # checked while waiting, so a crashed worker fails fast
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench.measure import machine_shares, machine_ticks, poll_interval
+from scripts.bench.__main__ import parser
+from scripts.bench.measure import machine_shares, machine_ticks, poll_interval, spy_command
 from scripts.bench.throughput import changelog_bytes
 
 
@@ -47,3 +48,16 @@ def test_changelog_bytes_are_unknown_without_this_checkouts_broker(
     segment.write_bytes(b"x" * 700)
     (tmp_path / "logs" / "other-app-summaries-changelog-3").mkdir()
     assert changelog_bytes("127.0.0.1:9092", "app") == 700
+
+
+def test_a_profile_pauses_the_worker_for_each_sample_at_the_rate_asked() -> None:
+    """py-spy's --nonblocking read frames Python was reusing: stacks no code makes."""
+    command = spy_command(42, Path("/runs/pipeline.pyspy.txt"), 1000)
+    assert "--nonblocking" not in command and "--gil" in command
+    assert command[command.index("-r") + 1] == "1000"
+    assert command[-2:] == ["--pid", "42"]
+    assert [parser().parse_args(a).profile for a in ([], ["--profile"], ["--profile", "1000"])] == [
+        0,
+        100,
+        1000,
+    ]
