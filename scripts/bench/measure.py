@@ -118,6 +118,8 @@ def spy_command(pid: int, out: Path, rate: int) -> list[str]:
     spy = Path(sys.executable).with_name("py-spy")
     return [str(spy), "record", "--gil", "-f", "raw", "-r", str(rate), "-o", str(out),
             "--pid", str(pid)]  # fmt: skip
+
+
 LOOP = "aio"  # --loop
 WORKERS: Workers | None = None  # checked while waiting, so a crashed worker fails fast
 
