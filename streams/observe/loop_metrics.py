@@ -1,11 +1,13 @@
-"""A histogram and a counter changed from the event loop's thread only, without a lock.
+"""Histograms, counters and gauges changed from the event loop's thread only, without a lock.
 
 ``prometheus_client``'s ``Histogram.observe`` takes a mutex for its bucket and another for
 its sum: 0.74-0.79 µs an observation against 0.11-0.15 here (docs/performance.md, "Tried"),
 three per operation at a sink; its ``Counter.inc``, one per operation, was 3% of a null
-sink (py-spy). These keep plain numbers for a custom collector, which ``prometheus_client``
-serves as it serves its own (``registry.register``); the exposition is the same but for
-the ``_created`` series (tests/unit/test_loop_metrics.py).
+sink (py-spy); the summarize stage's three per request (a counter's ``labels``, the LLM's
+gauge and latency) cost 5.4 µs against 1.1. These keep plain numbers for a custom
+collector, which ``prometheus_client`` serves as it serves its own
+(``registry.register``); the exposition is the same but for the ``_created`` series
+(tests/unit/test_loop_metrics.py).
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
-from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.utils import INF, floatToGoString
 
-__all__ = ["LoopCounter", "LoopHistogram"]
+__all__ = ["LoopCounter", "LoopGauge", "LoopHistogram"]
 
 C = TypeVar("C")
 
@@ -130,3 +136,39 @@ class LoopCounter(_Labelled[_Count]):
     def describe(self) -> Iterator[CounterMetricFamily]:
         """Registered before any increment: the name is claimed, as a Counter's is."""
         yield CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+
+class _Level:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1) -> None:
+        self.value -= amount
+
+
+class LoopGauge(_Labelled[_Level]):
+    """A labelled gauge (``labels(*values).inc()``, ``.dec()``) for one thread's changes."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        *,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        super().__init__(name, documentation, labelnames, _Level, registry)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
+        for values, child in list(self._children.items()):
+            family.add_metric(list(values), child.value)
+        yield family
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from streams.observe.loop_metrics import LoopCounter, LoopHistogram
+from streams.observe.loop_metrics import LoopCounter, LoopGauge, LoopHistogram
 
 ACTIONS_IN = Counter("ac_actions_in_total", "Actions applied by the accumulator")
 COMPILED_PAYLOADS = Counter(
@@ -36,7 +36,8 @@ SESSIONS_EXPIRED = Counter("ac_sessions_expired_total", "Idle sessions closed an
 DEAD_LETTERS = Counter(
     "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]
 )
-SUMMARIES = Counter("ac_summaries_total", "Summaries emitted", ["outcome"])
+# Counted per request on the summarize stage's event loop: see LoopCounter.
+SUMMARIES = LoopCounter("ac_summaries_total", "Summaries emitted", ["outcome"])
 LLM_TOKENS = Counter(
     "ac_llm_tokens_total", "LLM tokens as reported by the provider", ["product", "model", "kind"]
 )
@@ -56,13 +57,15 @@ SUMMARY_CHAIN_BREAKS = Counter(
 PII_DETECTIONS = Counter(
     "ac_pii_detections_total", "PII values replaced by placeholders (agents/pii)", ["type"]
 )
-LLM_LATENCY = Histogram(
+# Per LLM call, on the summarize stage's event loop: see LoopHistogram and LoopGauge.
+LLM_LATENCY = LoopHistogram(
     "ac_llm_latency_seconds",
     "LLM call latency",
+    [],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
-)
+).labels()
 LLM_FAILURES = Counter("ac_llm_failures_total", "Failed LLM calls", ["kind"])
-LLM_IN_FLIGHT = Gauge("ac_llm_in_flight", "LLM calls in flight")
+LLM_IN_FLIGHT = LoopGauge("ac_llm_in_flight", "LLM calls in flight", []).labels()
 BREAKER_STATE = Gauge("ac_llm_breaker_open", "1 while the LLM circuit breaker is open")
 BREAKER_TRANSITIONS = Counter("ac_llm_breaker_transitions_total", "Breaker changes", ["to"])
 # Counted per operation on a sink's event loop: see LoopCounter.

@@ -1,14 +1,15 @@
-"""``LoopHistogram`` and ``LoopCounter`` serve what ``prometheus_client``'s ``Histogram`` and
-``Counter`` serve for the same observations (their ``_created`` series aside)."""
+"""``LoopHistogram``, ``LoopCounter`` and ``LoopGauge`` serve what ``prometheus_client``'s
+``Histogram``, ``Counter`` and ``Gauge`` serve for the same observations (their ``_created``
+series aside), labelled or not."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from streams.observe.loop_metrics import LoopCounter, LoopHistogram
+from streams.observe.loop_metrics import LoopCounter, LoopGauge, LoopHistogram
 
 BUCKETS = (0.01, 0.05, 0.1, 0.25, 1, 10)
 
@@ -81,3 +82,26 @@ def test_a_counter_s_name_is_claimed_and_its_labels_are_checked() -> None:
         Counter("ac_z_total", "Z.", registry=registry)
     with pytest.raises(ValueError, match="labels"):
         counter.labels("a", "b")
+
+
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from([1, 2, 0.5])), max_size=30))
+def test_the_same_exposition_as_a_prometheus_gauge_and_unlabelled_metrics_too(
+    changes: list[tuple[bool, float]],
+) -> None:
+    theirs, ours = CollectorRegistry(), CollectorRegistry()
+    gauge, loop_gauge = (
+        Gauge("ac_g", "G.", registry=theirs),
+        LoopGauge("ac_g", "G.", [], registry=ours),
+    )
+    level = loop_gauge.labels()  # shows at zero before any change, as theirs does
+    histogram = Histogram("ac_h_seconds", "H.", buckets=BUCKETS, registry=theirs)
+    loop_histogram = LoopHistogram("ac_h_seconds", "H.", [], buckets=BUCKETS, registry=ours)
+    loop_histogram.labels()
+    for up, amount in changes:
+        (gauge.inc if up else gauge.dec)(amount)
+        (level.inc if up else level.dec)(amount)
+        histogram.observe(amount)
+        loop_histogram.labels().observe(amount)
+    assert _exposition(ours) == _exposition(theirs)
+    with pytest.raises(ValueError, match="Duplicated"):
+        Gauge("ac_g", "G.", registry=ours)
