@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics_core import (
@@ -114,30 +114,6 @@ class _Count:
         self.value += amount
 
 
-class LoopCounter(_Labelled[_Count]):
-    """A labelled counter (``labels(*values).inc(n)``) for one thread's increments."""
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str],
-        *,
-        registry: CollectorRegistry = REGISTRY,
-    ) -> None:
-        super().__init__(name, documentation, labelnames, _Count, registry)
-
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        family = CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
-        for values, child in list(self._children.items()):
-            family.add_metric(list(values), child.value)
-        yield family
-
-    def describe(self) -> Iterator[CounterMetricFamily]:
-        """Registered before any increment: the name is claimed, as a Counter's is."""
-        yield CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
-
-
 class _Level:
     __slots__ = ("value",)
 
@@ -151,8 +127,18 @@ class _Level:
         self.value -= amount
 
 
-class LoopGauge(_Labelled[_Level]):
-    """A labelled gauge (``labels(*values).inc()``, ``.dec()``) for one thread's changes."""
+class _Number(Protocol):
+    value: float
+
+
+V = TypeVar("V", bound=_Number)
+
+
+class _Valued(_Labelled[V]):
+    """Children of one number each (``child``), served as a ``family`` of metrics."""
+
+    child: Callable[[], V]
+    family: type[CounterMetricFamily] | type[GaugeMetricFamily]
 
     def __init__(
         self,
@@ -162,13 +148,26 @@ class LoopGauge(_Labelled[_Level]):
         *,
         registry: CollectorRegistry = REGISTRY,
     ) -> None:
-        super().__init__(name, documentation, labelnames, _Level, registry)
+        super().__init__(name, documentation, labelnames, self.child, registry)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        family = self.family(self._name, self._documentation, labels=self._labelnames)
         for values, child in list(self._children.items()):
             family.add_metric(list(values), child.value)
         yield family
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
+    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        """Registered before any change: the name is claimed, as prometheus_client's is."""
+        yield self.family(self._name, self._documentation, labels=self._labelnames)
+
+
+class LoopCounter(_Valued[_Count]):
+    """A labelled counter (``labels(*values).inc(n)``) for one thread's increments."""
+
+    child, family = _Count, CounterMetricFamily
+
+
+class LoopGauge(_Valued[_Level]):
+    """A labelled gauge (``labels(*values).inc()``, ``.dec()``) for one thread's changes."""
+
+    child, family = _Level, GaugeMetricFamily
