@@ -1,6 +1,8 @@
 """Shares of a worker's CPU by area, from a py-spy raw profile (`--profile` writes them).
 
     python -m scripts.bench.profile_areas .bench/<run>/pipeline.pyspy.txt ...
+    python -m scripts.bench.profile_areas PROFILE.txt --functions 30   # inclusive and self
+    python -m scripts.bench.profile_areas PROFILE.txt --under SummarizeStage.handle
 
 py-spy sees Python frames only, so a C call (orjson, pydantic-core) is charged to the
 line that made it: a sample whose innermost frame's source line calls orjson counts as
@@ -11,8 +13,8 @@ the metrics, our code (agents, streams, sinks, schemas), anything else by its pa
 
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 import sysconfig
 from collections import Counter
 from functools import cache
@@ -60,8 +62,12 @@ def area(stack: list[tuple[str, str, int]]) -> str:
     return "other: " + file.split("/", 1)[0]
 
 
-def areas(profile: Path) -> Counter[str]:
-    counts: Counter[str] = Counter()
+Stack = list[tuple[str, str, int]]  # (function, file, line), outermost first
+
+
+def samples(profile: Path) -> list[tuple[Stack, int]]:
+    """Each row of a raw profile: its stack and how many samples it holds."""
+    rows = []
     for row in profile.read_text().splitlines():
         frames, _, count = row.rpartition(" ")
         stack = []
@@ -69,19 +75,64 @@ def areas(profile: Path) -> Counter[str]:
             if found := FRAME.match(frame):
                 stack.append((found["function"], found["file"], int(found["line"])))
         if stack:
-            counts[area(stack)] += int(count)
+            rows.append((stack, int(count)))
+    return rows
+
+
+def areas(rows: list[tuple[Stack, int]]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for stack, count in rows:
+        counts[area(stack)] += count
     return counts
 
 
+def functions(rows: list[tuple[Stack, int]]) -> tuple[Counter[str], Counter[str]]:
+    """Samples per function ("name (file)"): on the stack (inclusive, once per sample) and
+    innermost (self)."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    for stack, count in rows:
+        names = [f"{function} ({file})" for function, file, _ in stack]
+        for name in set(names):
+            inclusive[name] += count
+        own[names[-1]] += count
+    return inclusive, own
+
+
+def callees(rows: list[tuple[Stack, int]], name: str) -> Counter[str]:
+    """Samples under the outermost frame of function ``name``, by the function it called
+    next ("(itself)": in its own lines)."""
+    under: Counter[str] = Counter()
+    for stack, count in rows:
+        names = [function for function, _, _ in stack]
+        if name in names:
+            i = names.index(name)
+            under[names[i + 1] if i + 1 < len(names) else "(itself)"] += count
+    return under
+
+
 def main() -> None:
-    if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m scripts.bench.profile_areas PROFILE.txt ...")
-    for name in sys.argv[1:]:
-        counts = areas(Path(name))
-        total = sum(counts.values())
+    parse = argparse.ArgumentParser(prog="python -m scripts.bench.profile_areas")
+    parse.add_argument("profiles", nargs="+", type=Path)
+    parse.add_argument("--functions", type=int, metavar="N", help="the N busiest functions")
+    parse.add_argument("--under", metavar="FUNCTION", help="what FUNCTION's samples called")
+    args = parse.parse_args()
+    for name in args.profiles:
+        rows = samples(name)
+        total = sum(count for _, count in rows)
         print(f"{name}: {total:,} samples")
-        for label, n in counts.most_common():
-            print(f"  {label:<28} {n / total:6.1%}")
+        if args.under:
+            for callee, n in callees(rows, args.under).most_common():
+                print(f"  {n / total:6.1%}  {callee}")
+        elif args.functions:
+            inclusive, own = functions(rows)
+            for label, counts in (("on the stack", inclusive), ("innermost", own)):
+                print(f" {label}:")
+                for function, n in counts.most_common(args.functions):
+                    print(f"  {n / total:6.1%}  {function}")
+        else:
+            for label, n in areas(rows).most_common():
+                print(f"  {label:<28} {n / total:6.1%}")
 
 
 if __name__ == "__main__":
