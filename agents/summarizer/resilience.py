@@ -26,6 +26,7 @@ from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_excepti
 from tenacity.wait import wait_random_exponential
 
 from agents.summarizer.breaker import BreakerOpen, CircuitBreaker
+from agents.summarizer.deadlines import Deadlines
 from agents.summarizer.llm import LLMCallable, LLMError, llm_session
 from streams.observe.metrics import LLM_FAILURES, LLM_IN_FLIGHT, LLM_LATENCY
 from streams.settings import Settings
@@ -145,6 +146,7 @@ class ResilientLLM:
         self.breaker = CircuitBreaker(
             failure_threshold, reset_timeout_s, probe_wait_s=attempt_timeout_s
         )
+        self._deadlines = Deadlines()  # the attempts' timeouts, one timer for all
 
     @classmethod
     def from_settings(cls, llm: LLMCallable, settings: Settings) -> ResilientLLM:
@@ -234,8 +236,7 @@ class ResilientLLM:
         started = time.monotonic()
         LLM_IN_FLIGHT.inc()
         try:
-            async with asyncio.timeout(timeout_s):
-                answer = await self._llm(prompt)
+            answer = await self._deadlines.run(timeout_s, self._llm(prompt))
             _check_answer(answer)
             failed = False
         except Exception as exc:

@@ -27,6 +27,7 @@ from agents.summarizer import (
     load_llm_callable,
     openai_llm,
 )
+from agents.summarizer.deadlines import Deadlines
 from streams.retry import retry_after
 from streams.settings import Settings
 from tests.fakes import FakeOpenAIServer
@@ -585,3 +586,60 @@ async def test_a_summarizer_closes_what_its_llm_holds(server: FakeOpenAIServer) 
     offline = build_summarizer(Settings())
     assert isinstance(offline, OfflineSummarizer)
     await offline.aclose()
+
+
+async def test_deadlines_time_out_each_call_at_its_own_deadline_whatever_the_order() -> None:
+    """One timer for every attempt (agents/summarizer/deadlines.py): a later call with an
+    earlier deadline moves it, a call that returns leaves nothing for it to cancel, and a
+    timer left from another event loop does not stand in for this one's."""
+    deadlines = Deadlines()
+    finished: list[str] = []
+
+    async def hang(name: str, seconds: float) -> None:
+        try:
+            await deadlines.run(seconds, asyncio.Event().wait())
+        except TimeoutError:
+            finished.append(name)
+
+    async def quick() -> str:
+        return await deadlines.run(0.05, asyncio.sleep(0, "answer"))
+
+    async def main() -> list[str]:
+        started = time.monotonic()
+        slow = asyncio.create_task(hang("slow", 0.6))
+        await asyncio.sleep(0)  # the slow call's deadline is the timer's now
+        assert await quick() == "answer"
+        await hang("fast", 0.2)  # earlier than the timer: the timer moves to it
+        assert time.monotonic() - started < 0.5, "the fast call waited for the slow deadline"
+        await slow
+        assert 0.55 <= time.monotonic() - started < 1.5
+        return finished
+
+    assert await main() == ["fast", "slow"]
+    # The same object under another event loop (its timer handle from this one is stale).
+    finished.clear()
+    assert await asyncio.get_running_loop().run_in_executor(None, asyncio.run, main()) == [
+        "fast",
+        "slow",
+    ]
+
+
+async def test_deadlines_let_a_cancellation_from_elsewhere_through() -> None:
+    """A task cancelled by its owner while in a call is cancelled, not timed out, even when
+    its deadline passes at the same time (as under ``asyncio.timeout``)."""
+    deadlines = Deadlines()
+    entered = asyncio.Event()
+
+    async def call() -> None:
+        entered.set()
+        await asyncio.Event().wait()
+
+    task = asyncio.create_task(deadlines.run(0.0, call()))
+    await entered.wait()
+    task.cancel()  # the owner's, with the deadline (0 s) passed: the timer's too
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    hung = asyncio.create_task(deadlines.run(0.01, asyncio.Event().wait()))
+    with pytest.raises(TimeoutError):
+        await hung
