@@ -195,10 +195,17 @@ class PiiFilter:
 
     def _fields(self, obj: object, names: Iterable[str], session_key: str) -> dict[str, object]:
         update: dict[str, object] = {}
+        clean = self._clean
         for name in names:
             value = getattr(obj, name)
             if value:
-                redacted = self.redact_text(value, session_key, FIELD_POLICY[name])
+                policy = FIELD_POLICY[name]
+                # redact_text's commonest answer looked up here: 0.17 µs a field less
+                # (docs/performance.md; test_pii.py::test_fast_path_is_exact_*).
+                if (policy, value) in clean:
+                    clean.move_to_end((policy, value))
+                    continue
+                redacted = self.redact_text(value, session_key, policy)
                 if redacted != value:
                     update[name] = redacted
         return update
