@@ -180,6 +180,26 @@ class PiiFilter:
         text = self._query_values(text, session_key, hits)
         return self._detectors_on(text, session_key, hits)
 
+    def clean(self, policy: str, texts: Iterable[str], session_key: str) -> bool:
+        """Whether ``redact_text`` would leave each of ``texts`` as it is: found clean before,
+        or filtered now (a clean one remembered as ``redact_text`` remembers it). False at the
+        first it would change, counted nowhere: the caller's ``redact`` counts it."""
+        clean = self._clean
+        for text in texts:
+            if (policy, text) in clean:
+                clean.move_to_end((policy, text))
+                continue
+            if (session_key, policy, text) in self._redacted:
+                return False
+            hits: list[str] = []
+            if self._redact(text, session_key, policy, hits) != text or hits:
+                return False
+            if self._cache_size and len(text) <= _CACHED_CHARS:
+                clean[policy, text] = None
+                if len(clean) > self._cache_size:
+                    clean.popitem(last=False)
+        return True
+
     def redact(
         self, payloads: list[P], session_key: str, fields: Collection[str] | None = None
     ) -> list[P]:

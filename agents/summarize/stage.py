@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from faust.types import Message
 
+from agents.summarize.compiled import ReadRequest, RequestReader
 from agents.summarize.state import (
     CARRY_MAX_BYTES,
     SummaryState,
@@ -55,6 +56,8 @@ class SummarizeStage:
         settings = self.settings = app.settings
         self.app, self.summarizer = app, summarizer
         self.ledger_limits = settings.ledger_limits()
+        # A request's actions read once for the ledger, the prompt and the PII pass.
+        self.read = RequestReader(self.ledger_limits, enabled=settings.compiled)
         self.table = session_table(app, "summaries")
         # Each session's state kept decoded between its requests: 5.7 µs a decode (decisions.md).
         self.decoded = DecodedEntries(SummaryState.from_bytes)
@@ -103,16 +106,22 @@ class SummarizeStage:
         )
 
     async def emit_summary(
-        self, request: Request, state: SummaryState, text: str, took_s: float
+        self,
+        request: Request,
+        state: SummaryState,
+        text: str,
+        took_s: float,
+        read: ReadRequest | None,
     ) -> Awaitable[Any]:
         """Produce the summary; the result resolves when the broker has it."""
         usage = self.accounting.record(request.product_id, usage_of(text))
         carried = [ActionsPayload.model_validate(b) for b in state.carry]
+        conversation = read.conversation if read is not None else None
         op = summary_operation(
             request,
             state,
             text,
-            conversation=conversation_id(carried + request.batches),
+            conversation=conversation or conversation_id(carried + request.batches),
             usage=usage,
             took_s=took_s,
             now=time.time(),
@@ -145,7 +154,7 @@ class SummarizeStage:
             )
 
     async def summarise(
-        self, message: Message, request: Request, state: SummaryState
+        self, message: Message, request: Request, state: SummaryState, read: ReadRequest | None
     ) -> str | None:
         """The next summary of the session, or None when there is none to emit.
 
@@ -161,7 +170,11 @@ class SummarizeStage:
         self.lanes.mark(request.session_id, "summarizing (LLM)")
         llm_session.set(request.session_id)  # for the LLM's failure log lines
         try:
-            return await self.summarizer.summarize(state.summary, payloads, total=request.seq_to)
+            # The default prompt's actions made already: of the request's batches alone.
+            formatted = read.formatted if read is not None and not state.carry else None
+            return await self.summarizer.summarize(
+                state.summary, payloads, total=request.seq_to, formatted=formatted
+            )
         except LLMError as exc:
             if not request.final:
                 self.lanes.mark(request.session_id, "recording a failed summary")
@@ -190,15 +203,15 @@ class SummarizeStage:
             await acks.done(ticket)
             return
         self.check_chain(request, state)
-        count_facts(state, request, self.ledger_limits)
+        read = self.read(ticket.message.value)
+        count_facts(state, request, self.ledger_limits, read.facts if read is not None else None)
         started = time.monotonic()
-        text = await self.summarise(ticket.message, request, state)
+        text = await self.summarise(ticket.message, request, state, read)
         outputs = []
         if text is not None:
             self.lanes.mark(session_id, "emitting its summary")
-            outputs.append(
-                await self.emit_summary(request, state, text, time.monotonic() - started)
-            )
+            took = time.monotonic() - started
+            outputs.append(await self.emit_summary(request, state, text, took, read))
             state.summary, state.covered_to = str(text), request.seq_to
             state.carry, state.carry_from = [], None
             metrics.SUMMARIES.labels("final" if request.final else "rolling").inc()

@@ -10,7 +10,7 @@ import orjson
 from agents.summarizer import cap_summary, offline_summary
 from schemas import ActionsPayload, SessionErased, SummaryUsage, decode, fast
 from schemas.fast import Request
-from schemas.ledger import LedgerLimits, count_batches, new_ledger
+from schemas.ledger import LedgerLimits, RequestFacts, count_batches, merge_facts, new_ledger
 from schemas.records import JsonRecord
 from streams.topics import MESSAGE_MAX_BYTES
 
@@ -81,12 +81,19 @@ class SummaryState(JsonRecord):
         )
 
 
-def count_facts(state: SummaryState, request: Request, limits: LedgerLimits | None) -> None:
+def count_facts(
+    state: SummaryState,
+    request: Request,
+    limits: LedgerLimits | None,
+    facts: RequestFacts | None = None,
+) -> None:
     """Count a request's actions into the session's ledger, once per request taken.
 
     Here, not in the accumulator: once per K actions from batches this stage decodes
     anyway, not re-encoded into every session entry (docs/decisions.md). A request
     from a worker before session 21 carries the facts so far itself: taken as they are.
+    ``facts``: its batches' facts counted already (``agents.summarize.compiled``), merged
+    where they can be.
     """
     if limits is None:
         return
@@ -95,6 +102,8 @@ def count_facts(state: SummaryState, request: Request, limits: LedgerLimits | No
         return
     if state.ledger is None:
         state.ledger = new_ledger()
+    if facts is not None and merge_facts(state.ledger, facts, limits):
+        return
     # An action with no timestamps counts as forwarded (else as requested).
     batches = ((b.actions, b.forwarded_at or request.created_at) for b in request.batches)
     count_batches(state.ledger, batches, request.seq_from, limits)

@@ -18,6 +18,7 @@ from agents.summarizer.offline import OfflineSummarizer, offline_summary
 from agents.summarizer.prompting import (
     DEFAULT_PROMPT,
     ActionsFormatter,
+    FormattedActions,
     build_prompt,
     cap_summary,
     default_format_actions,
@@ -35,6 +36,7 @@ __all__ = [
     "Completion",
     "CostReport",
     "FailureLog",
+    "FormattedActions",
     "LLMCallable",
     "LLMError",
     "LLMSummarizer",

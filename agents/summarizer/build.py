@@ -12,12 +12,13 @@ import hashlib
 import logging
 from collections import OrderedDict
 
-from agents.pii import PiiFilter, build_pii_filter
+from agents.pii import FIELD_POLICY, PiiFilter, build_pii_filter
 from agents.summarizer.llm import Completion, load_llm_callable, openai_llm, usage_of
 from agents.summarizer.offline import OfflineSummarizer
 from agents.summarizer.prompting import (
     DEFAULT_PROMPT,
     ActionsFormatter,
+    FormattedActions,
     build_prompt,
     cap_summary,
     default_format_actions,
@@ -68,10 +69,17 @@ class LLMSummarizer(Summarizer):
             written.popitem(last=False)
 
     async def summarize(
-        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+        self,
+        previous: str | None,
+        payloads: list[ActionsPayload],
+        *,
+        total: int | None = None,
+        formatted: FormattedActions | None = None,
     ) -> str:
         pii, session = self._pii, payloads[0].session_id if payloads else None
         default = self._formatter is default_format_actions
+        # The default prompt's actions made already (agents.summarize.compiled), or None.
+        actions = formatted.text if default and formatted is not None else None
         if pii is not None and session is not None:
             # Before formatting, so a custom formatter sees placeholders too. The previous
             # summary as well, unless this model wrote it from filtered input: an offline
@@ -80,12 +88,15 @@ class LLMSummarizer(Summarizer):
             # (test_summarize.py::test_the_pii_pass_skips_only_summaries_its_model_wrote).
             # The default formatter reads a few fields: the others (a raw URL with its ids,
             # the dearest to filter) never reach the model, so they are not filtered.
-            payloads = pii.redact(payloads, session, ACTION_TEXT_FIELDS if default else None)
+            # Actions made already stand where the pass leaves every text they hold.
+            if formatted is None or actions is None or not _clean(pii, formatted, session):
+                actions = None
+                payloads = pii.redact(payloads, session, ACTION_TEXT_FIELDS if default else None)
             if previous and not self._wrote(session, previous):
                 previous = pii.redact_text(previous, session)
         if not default:  # user code: it gets the models
             payloads = [payload_model(p) for p in payloads]
-        prompt = build_prompt(self._template, previous, payloads, self._formatter)
+        prompt = build_prompt(self._template, previous, payloads, self._formatter, actions)
         answer = await self.llm(prompt)
         summary = Completion(cap_summary(answer, self._max_chars), usage_of(answer))
         if pii is not None and session is not None:
@@ -96,7 +107,15 @@ class LLMSummarizer(Summarizer):
         await self.llm.aclose()
 
 
+_DESCRIPTION, _URL = FIELD_POLICY["description"], FIELD_POLICY["canonical_url"]
 _WRITTEN_MAX = 16384  # sessions: ~3 MiB; one forgotten is filtered again, no more
+
+
+def _clean(pii: PiiFilter, formatted: FormattedActions, session: str) -> bool:
+    """Whether the PII pass leaves every text of ``formatted`` as it is."""
+    return pii.clean(_DESCRIPTION, formatted.descriptions, session) and pii.clean(
+        _URL, formatted.urls, session
+    )
 
 
 def _digest(text: str) -> bytes:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from agents.summarizer.prompting import cap_summary
+from agents.summarizer.prompting import FormattedActions, cap_summary
 from agents.summarizer.protocol import Summarizer
 from schemas import ActionsPayload, SlimAction
 from schemas.text import holds_any
@@ -73,6 +73,11 @@ class OfflineSummarizer(Summarizer):
         self._max_chars = max_chars
 
     async def summarize(
-        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+        self,
+        previous: str | None,
+        payloads: list[ActionsPayload],
+        *,
+        total: int | None = None,
+        formatted: FormattedActions | None = None,  # not a prompt's: not read
     ) -> str:
         return cap_summary(offline_summary(previous, payloads, total=total), self._max_chars)

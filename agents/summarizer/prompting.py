@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 from schemas import ActionsPayload
 from schemas.actions import action_text
@@ -19,6 +20,7 @@ from schemas.text import printable
 __all__ = [
     "DEFAULT_PROMPT",
     "ActionsFormatter",
+    "FormattedActions",
     "build_prompt",
     "cap_summary",
     "default_format_actions",
@@ -69,6 +71,16 @@ def default_format_actions(payloads: list[ActionsPayload]) -> str:
     return "\n".join(lines)
 
 
+class FormattedActions(NamedTuple):
+    """``default_format_actions(payloads)`` made before the summarizer is called
+    (``agents.summarize.compiled``), with the distinct texts it holds of the fields the
+    default prompt's PII pass filters: the summarizer uses it where they are all clean."""
+
+    text: str
+    descriptions: list[str]
+    urls: list[str]  # canonical URLs
+
+
 def validate_template(template: str) -> None:
     """Raise ``ValueError`` with a readable reason if ``template`` cannot be used."""
     if "{actions}" not in template:
@@ -94,8 +106,10 @@ def build_prompt(
     previous_summary: str | None,
     payloads: list[ActionsPayload],
     formatter: ActionsFormatter = default_format_actions,
+    formatted: str | None = None,
 ) -> str:
-    actions = _as_data(formatter(payloads))
+    """``formatted``: what ``formatter(payloads)`` gives, made already."""
+    actions = _as_data(formatter(payloads) if formatted is None else formatted)
     # The previous summary was written from earlier (untrusted) actions.
     previous_summary = _as_data(previous_summary) if previous_summary else None
     previous = previous_summary or "(none yet: this is the start of the session)"

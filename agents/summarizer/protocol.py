@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from agents.summarizer.prompting import FormattedActions
 from schemas import ActionsPayload
 
 __all__ = ["Summarizer"]
@@ -15,12 +16,18 @@ class Summarizer(Protocol):
     name: str
 
     async def summarize(
-        self, previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+        self,
+        previous: str | None,
+        payloads: list[ActionsPayload],
+        *,
+        total: int | None = None,
+        formatted: FormattedActions | None = None,
     ) -> str:
         """The next rolling summary; ``total`` is the session's action count after
         ``payloads`` (the request's ``seq_to``), for summarizers that state it.
         ``payloads``: models or their ``schemas.fast.Payload`` Structs (the same
-        attributes); what hands them to user code converts them (``schemas.fast.payload_model``)."""
+        attributes); what hands them to user code converts them (``schemas.fast.payload_model``).
+        ``formatted``: the default prompt's actions of ``payloads``, made already (or None)."""
         ...
 
     async def aclose(self) -> None:

@@ -1,13 +1,15 @@
 //! The hot paths compiled: the accumulator's per-payload transition (`transition.rs`), on
 //! a strict JSON reader and orjson's writer (`json.rs`) for the input payload
 //! (`payload.rs`); Kafka's default partitioner (`partition.rs`); Kafka's record batches
-//! written (`batch.rs`) and read into Faust's messages (`fetch.rs`).
+//! written (`batch.rs`) and read into Faust's messages (`fetch.rs`); a summarize request's
+//! actions read once for the summarize stage's ledger, prompt and PII pass (`request.rs`).
 
 mod batch;
 mod fetch;
 mod json;
 mod partition;
 mod payload;
+mod request;
 mod transition;
 
 use pyo3::prelude::*;
@@ -19,5 +21,7 @@ fn agent_context_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(batch::record_batches, m)?)?;
     m.add_class::<batch::RecordBatch>()?;
     m.add_function(wrap_pyfunction!(fetch::fetched_messages, m)?)?;
+    m.add_function(wrap_pyfunction!(request::read_request, m)?)?;
+    m.add_class::<request::RequestSpec>()?;
     Ok(())
 }
