@@ -13,7 +13,8 @@ tests/unit/test_fast_exact.py and test_fast_decode.py prove the two paths agree.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, overload
 
 import msgspec
 import orjson
@@ -33,12 +34,14 @@ from schemas.operations import (
 
 __all__ = [
     "Action",
+    "LazyBatches",
     "Payload",
     "Request",
     "built",
     "decode_context_message",
     "decode_payload",
     "decode_request",
+    "decode_request_head",
     "encode_payload",
     "payload_model",
     "payload_of",
@@ -221,16 +224,10 @@ def decode_payload(raw: bytes | None) -> Payload:
     return payload_struct(decode(ActionsPayload, raw))
 
 
-def _exact_request(r: Any) -> bool:
+def _exact_request(r: Any, batches: int) -> bool:
     """SeqRange's bounds and SummarizeRequest's ``_ordered`` (a final may be empty)."""
-    ordered = r.seq_to >= r.seq_from or (r.final and not r.batches and r.seq_from == r.seq_to + 1)
-    return (
-        r.seq_from >= 1
-        and r.seq_to >= 1
-        and r.generation >= 0
-        and ordered
-        and all(_exact(b) for b in r.batches)
-    )
+    ordered = r.seq_to >= r.seq_from or (r.final and not batches and r.seq_from == r.seq_to + 1)
+    return r.seq_from >= 1 and r.seq_to >= 1 and r.generation >= 0 and ordered
 
 
 def decode_request(raw: bytes | None) -> Request:
@@ -243,13 +240,63 @@ def decode_request(raw: bytes | None) -> Request:
         except msgspec.MsgspecError:
             pass
         else:
-            if _exact_request(struct):
+            if _exact_request(struct, len(struct.batches)) and all(map(_exact, struct.batches)):
                 fields = asdict(struct)
                 fields["batches"] = [_values(b) for b in struct.batches]
                 if struct.ledger is not None:
                     fields["ledger"] = msgspec.to_builtins(struct.ledger)
                 return Request(**fields)
     return msgspec.convert(decode(SummarizeRequest, raw).model_dump(), Request)
+
+
+class LazyBatches(Sequence[Any]):
+    """A request's batches, decoded (:func:`decode_request`) when first read: a compiled read
+    of them (``agents.summarize.compiled``) serves the summarize stage's common path."""
+
+    __slots__ = ("_count", "_decoded", "_raw")
+
+    def __init__(self, raw: bytes, count: int) -> None:
+        self._raw, self._count = raw, count
+        self._decoded: list[Any] | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        return self.decoded()[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.decoded())
+
+    def decoded(self) -> list[Any]:
+        if self._decoded is None:
+            self._decoded = decode_request(self._raw).batches
+        return self._decoded
+
+
+# The header's fields exact, the batches skipped: a compiled read took them (and checked
+# them as ``_Request`` does: tests/unit/test_compiled_request.py).
+_head_decoder = msgspec.json.Decoder(
+    struct_of(SummarizeRequest, "RequestHead", forbid=True, batches=msgspec.Raw)
+)
+
+
+def decode_request_head(raw: bytes, batches: int) -> Request | None:
+    """``decode_request(raw)``, its ``batches`` (``batches`` of them, which a compiled read
+    took) decoded when first read; None where it is not sure to give the same request."""
+    try:
+        head: Any = _head_decoder.decode(raw)
+    except msgspec.MsgspecError:
+        return None
+    if head.ledger is not None or not _exact_request(head, batches):
+        return None
+    fields = asdict(head)
+    fields["batches"] = LazyBatches(raw, batches)
+    return Request(**fields)
 
 
 # The context topic's messages, with the same exact Structs; a summary's usage stays a

@@ -5,9 +5,11 @@ count, the PII pass over the fields the default prompt reads, the prompt's lines
 request's decode, ~17% of the pipeline worker, docs/performance.md). :class:`RequestReader`
 reads the request's bytes once for all three, without a Python object per action: its
 ledger facts (merged by ``schemas.ledger.merge_facts``), the default prompt's actions and
-the distinct texts they hold (``FormattedActions``). Whatever it declines, and everything
-without the extension (not built, or ``AC_COMPILED=false``), takes the Python passes,
-which give the same ledger and prompt (tests/unit/test_compiled.py).
+the distinct texts they hold (``FormattedActions``); the stage then decodes the request's
+other fields alone (``schemas.fast.decode_request_head``), its batches where a Python pass
+needs them. Whatever it declines, and everything without the extension (not built, or
+``AC_COMPILED=false``), takes the Python passes, which give the same ledger and prompt
+(tests/unit/test_compiled_request.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class ReadRequest(NamedTuple):
     facts: RequestFacts | None  # None: the stage counts the batches
     formatted: FormattedActions  # the default prompt's actions, for its batches alone
     conversation: str | None  # ``conversation_id(request.batches)``
+    batches: int  # how many
 
 
 class RequestReader:
@@ -46,9 +49,10 @@ class RequestReader:
         read = self._read(raw, self._spec)
         if read is None:
             return None
-        facts, actions, descriptions, urls, conversation = read
+        facts, actions, descriptions, urls, session, conversation, batches = read
         return ReadRequest(
             None if facts is None else RequestFacts(*facts),
-            FormattedActions(actions, descriptions, urls),
+            FormattedActions(actions, descriptions, urls, session),
             conversation,
+            batches,
         )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from faust.types import Message
@@ -30,7 +30,7 @@ from agents.summarize.state import (
     summary_operation,
 )
 from agents.summarizer import Accounting, LLMError, Summarizer, llm_session, usage_of
-from schemas import ActionsPayload, SessionErased
+from schemas import ActionsPayload, SessionErased, fast
 from schemas.fast import Request
 from streams._faust import changelog, stores
 from streams._faust.batch_source import BatchSource
@@ -46,7 +46,19 @@ __all__ = ["SummarizeStage"]
 
 log = logging.getLogger(__name__)
 
-LaneItem = tuple[Any, Request | SessionErased]  # (an InOrderAcks ticket, request)
+
+class Taken(NamedTuple):
+    """A request as the stage takes it: decoded, and read compiled (None: the Python passes)."""
+
+    request: Request
+    read: ReadRequest | None
+
+    @property
+    def session_id(self) -> str:  # its lane's
+        return self.request.session_id  # type: ignore[no-any-return]
+
+
+LaneItem = tuple[Any, Taken | SessionErased]  # (an InOrderAcks ticket, request)
 
 
 class SummarizeStage:
@@ -78,9 +90,18 @@ class SummarizeStage:
 
     async def run(self) -> None:
         """The agent: requests into per-session lanes."""
-        await feed_lanes(
-            self.source, self.lanes, self.acks, decode_request, self.dead_letters.write
-        )
+        await feed_lanes(self.source, self.lanes, self.acks, self.take, self.dead_letters.write)
+
+    def take(self, raw: bytes | None) -> Taken | SessionErased:
+        """A request read compiled, its other fields decoded, its batches decoded only where
+        a Python pass reads them; else decoded whole (or refused: ``InvalidMessage``)."""
+        read = self.read(raw)
+        if read is not None and raw is not None:
+            request = fast.decode_request_head(raw, read.batches)
+            if request is not None:
+                return Taken(request, read)
+        decoded = decode_request(raw)
+        return decoded if isinstance(decoded, SessionErased) else Taken(decoded, None)
 
     def load(self, session_id: str, generation: int) -> SummaryState | None:
         """The state for this generation; ``None`` if the request is from an older one."""
@@ -116,12 +137,15 @@ class SummarizeStage:
         """Produce the summary; the result resolves when the broker has it."""
         usage = self.accounting.record(request.product_id, usage_of(text))
         carried = [ActionsPayload.model_validate(b) for b in state.carry]
-        conversation = read.conversation if read is not None else None
+        if read is not None:  # the batches' last, else the carried actions'
+            conversation = read.conversation or conversation_id(carried)
+        else:
+            conversation = conversation_id([*carried, *request.batches])
         op = summary_operation(
             request,
             state,
             text,
-            conversation=conversation or conversation_id(carried + request.batches),
+            conversation=conversation,
             usage=usage,
             took_s=took_s,
             now=time.time(),
@@ -162,7 +186,9 @@ class SummarizeStage:
         generation ends with a summary that covers all of it (its raw notes go).
         """
         max_chars = self.settings.summary_max_chars
-        payloads = [ActionsPayload.model_validate(b) for b in state.carry] + request.batches
+        payloads = request.batches  # maybe decoded when first read (fast.LazyBatches)
+        if state.carry:
+            payloads = [*(ActionsPayload.model_validate(b) for b in state.carry), *payloads]
         if not payloads:  # a close right after a summary: that summary becomes the final
             return state.summary
         if self.accounting.over_budget(request.product_id):  # logged once a day per product
@@ -192,18 +218,18 @@ class SummarizeStage:
             return offline_fold(state.summary, payloads, request.seq_to, max_chars)
 
     async def handle(self, session_id: str, item: LaneItem) -> None:
-        ticket, request = item
+        ticket, taken = item
         acks, table = self.acks, self.table
-        if isinstance(request, SessionErased):  # the summary state goes, whatever it held
+        if isinstance(taken, SessionErased):  # the summary state goes, whatever it held
             await commit(self.app, lambda: acks.done(ticket), writes=[(table, session_id, None)])
             return
+        request, read = taken
         state = self.load(session_id, request.generation)
         if state is None or state.replayed(request):
             metrics.REPLAYS_SKIPPED.labels("summarize").inc()
             await acks.done(ticket)
             return
         self.check_chain(request, state)
-        read = self.read(ticket.message.value)
         count_facts(state, request, self.ledger_limits, read.facts if read is not None else None)
         started = time.monotonic()
         text = await self.summarise(ticket.message, request, state, read)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from agents.summarizer import cap_summary, offline_summary
-from schemas import ActionsPayload, SessionErased, SummaryUsage, decode, fast
+from schemas import ActionsPayload, InvalidMessage, SessionErased, SummaryUsage, decode, fast
 from schemas.fast import Request
 from schemas.ledger import LedgerLimits, RequestFacts, count_batches, merge_facts, new_ledger
 from schemas.records import JsonRecord
@@ -143,7 +144,7 @@ def summary_operation(
 
 
 def offline_fold(
-    previous: str | None, payloads: list[ActionsPayload], total: int, max_chars: int
+    previous: str | None, payloads: Sequence[ActionsPayload], total: int, max_chars: int
 ) -> str:
     """Roll ``payloads`` into ``previous`` with the offline (extractive, no network)
     summarizer, for when the LLM cannot: half for what it held, half for the new."""
@@ -171,9 +172,14 @@ def fold_large_carry(
 
 
 def decode_request(raw: bytes | None) -> Request | SessionErased:
-    if raw is not None and b'"session_erased"' in raw:
-        return decode(SessionErased, raw)
-    return fast.decode_request(raw)
+    """A request, or an erasure; a refusal names the request's reason unless the message
+    holds ``"session_erased"`` (an action's text may: tests/unit/test_summarize.py)."""
+    try:
+        return fast.decode_request(raw)
+    except InvalidMessage:
+        if raw is not None and b'"session_erased"' in raw:
+            return decode(SessionErased, raw)
+        raise
 
 
 def conversation_id(payloads: list[ActionsPayload]) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from agents.pii import FIELD_POLICY, PiiFilter, build_pii_filter
 from agents.summarizer.llm import Completion, load_llm_callable, openai_llm, usage_of
@@ -71,13 +72,16 @@ class LLMSummarizer(Summarizer):
     async def summarize(
         self,
         previous: str | None,
-        payloads: list[ActionsPayload],
+        payloads: Sequence[ActionsPayload],
         *,
         total: int | None = None,
         formatted: FormattedActions | None = None,
     ) -> str:
-        pii, session = self._pii, payloads[0].session_id if payloads else None
-        default = self._formatter is default_format_actions
+        pii, default = self._pii, self._formatter is default_format_actions
+        if formatted is not None:  # the payloads may be decoded when first read: not here
+            session: str | None = formatted.session
+        else:
+            session = payloads[0].session_id if payloads else None
         # The default prompt's actions made already (agents.summarize.compiled), or None.
         actions = formatted.text if default and formatted is not None else None
         if pii is not None and session is not None:
@@ -91,12 +95,15 @@ class LLMSummarizer(Summarizer):
             # Actions made already stand where the pass leaves every text they hold.
             if formatted is None or actions is None or not _clean(pii, formatted, session):
                 actions = None
-                payloads = pii.redact(payloads, session, ACTION_TEXT_FIELDS if default else None)
+                fields = ACTION_TEXT_FIELDS if default else None
+                payloads = pii.redact(list(payloads), session, fields)
             if previous and not self._wrote(session, previous):
                 previous = pii.redact_text(previous, session)
-        if not default:  # user code: it gets the models
-            payloads = [payload_model(p) for p in payloads]
-        prompt = build_prompt(self._template, previous, payloads, self._formatter, actions)
+        if actions is not None:
+            prompt = build_prompt(self._template, previous, [], formatted=actions)
+        else:  # the default formatter reads the Structs, a user's gets the models
+            models = list(payloads) if default else [payload_model(p) for p in payloads]
+            prompt = build_prompt(self._template, previous, models, self._formatter)
         answer = await self.llm(prompt)
         summary = Completion(cap_summary(answer, self._max_chars), usage_of(answer))
         if pii is not None and session is not None:

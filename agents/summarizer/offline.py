@@ -8,6 +8,7 @@ last step, and it rolls the previous summary forward in a bounded form.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from agents.summarizer.prompting import FormattedActions, cap_summary
 from agents.summarizer.protocol import Summarizer
@@ -42,7 +43,7 @@ def _previous(previous: str | None) -> tuple[int, list[str]]:
 
 
 def offline_summary(
-    previous: str | None, payloads: list[ActionsPayload], *, total: int | None = None
+    previous: str | None, payloads: Sequence[ActionsPayload], *, total: int | None = None
 ) -> str:
     """``total``: the session's action count so far when the caller knows it (the
     summarize stage does: the request's ``seq_to``); else it is read from ``previous``."""
@@ -75,7 +76,7 @@ class OfflineSummarizer(Summarizer):
     async def summarize(
         self,
         previous: str | None,
-        payloads: list[ActionsPayload],
+        payloads: Sequence[ActionsPayload],
         *,
         total: int | None = None,
         formatted: FormattedActions | None = None,  # not a prompt's: not read

@@ -79,6 +79,7 @@ class FormattedActions(NamedTuple):
     text: str
     descriptions: list[str]
     urls: list[str]  # canonical URLs
+    session: str  # the payloads' session
 
 
 def validate_template(template: str) -> None:
@@ -108,7 +109,7 @@ def build_prompt(
     formatter: ActionsFormatter = default_format_actions,
     formatted: str | None = None,
 ) -> str:
-    """``formatted``: what ``formatter(payloads)`` gives, made already."""
+    """``formatted``: what ``formatter(payloads)`` gives, made already (``payloads`` unread)."""
     actions = _as_data(formatter(payloads) if formatted is None else formatted)
     # The previous summary was written from earlier (untrusted) actions.
     previous_summary = _as_data(previous_summary) if previous_summary else None

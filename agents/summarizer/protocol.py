@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from agents.summarizer.prompting import FormattedActions
@@ -18,7 +19,7 @@ class Summarizer(Protocol):
     async def summarize(
         self,
         previous: str | None,
-        payloads: list[ActionsPayload],
+        payloads: Sequence[ActionsPayload],
         *,
         total: int | None = None,
         formatted: FormattedActions | None = None,

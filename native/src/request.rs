@@ -4,12 +4,14 @@
 //! actions (`default_format_actions`), and the distinct texts the default prompt's PII
 //! pass reads. No Python object is made per action.
 //!
-//! The stage has decoded and checked the request already; this reads it again for its
-//! values only. It declines (None) what it does not know (an old request's ledger, a
-//! batch of another session), and gives no facts for text that is not printable ASCII
-//! (where `one_line` changes nothing and `lower()` folds as `(?i)` does), for a time that
-//! is negative or -0.0, or for more pages than any ledger keeps: the stage counts those
-//! (tests/unit/test_compiled.py holds every part to its Python twin).
+//! Its batches are read strictly: what it takes, the strict Structs of `schemas.fast` take
+//! too, with the same values (tests/unit/test_compiled_request.py), so the stage decodes
+//! the request's other fields alone and its batches only where a Python pass needs them
+//! (`schemas.fast.decode_request_head`). It declines (None) what it does not know (an old
+//! request's ledger, a batch of another session), and gives no facts for text that is not
+//! printable ASCII (where `one_line` changes nothing and `lower()` folds as `(?i)` does),
+//! for a time that is negative or -0.0, or for more pages than any ledger keeps: the stage
+//! counts those (tests/unit/test_compiled_request.py holds every part to its Python twin).
 
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -247,7 +249,9 @@ type Read<'py> = (
     String,                      // `default_format_actions(request.batches)`
     Bound<'py, PyList>,          // the distinct descriptions the default prompt reads
     Bound<'py, PyList>,          // the distinct canonical URLs it reads
+    String,                      // the session, its batches' too
     Option<String>,              // `conversation_id(request.batches)`
+    usize,                       // how many batches
 );
 
 /// The request `raw` read for the stage's default passes; None where it declines.
@@ -264,8 +268,11 @@ pub(crate) fn read_request<'py>(
     let Ok(r) = serde_json::from_str::<Request>(text) else {
         return Ok(None);
     };
+    let sid = &*r.session_id;
     if r.ledger.is_some_and(|l| l.get() != "null")
-        || r.batches.iter().any(|b| *b.session_id != *r.session_id)
+        || sid.is_empty()
+        || sid.contains('\x1f')
+        || r.batches.iter().any(|b| *b.session_id != *sid)
     {
         return Ok(None);
     }
@@ -308,6 +315,8 @@ pub(crate) fn read_request<'py>(
         actions,
         PyList::new(py, descriptions)?,
         PyList::new(py, urls)?,
+        sid.to_owned(),
         conversation.map(str::to_owned),
+        r.batches.len(),
     )))
 }

@@ -12,19 +12,21 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import asdict
 
 from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload
 from agents.summarize.compiled import RequestReader
 from agents.summarize.state import conversation_id, decode_request
 from agents.summarizer import LLMSummarizer, ResilientLLM
 from agents.summarizer.prompting import DEFAULT_PROMPT, default_format_actions
-from schemas import InvalidMessage
+from schemas import InvalidMessage, fast
 from schemas.fast import decode_payload
 from schemas.ledger import LedgerLimits, count_batches, merge_facts, new_ledger
 from scripts.bench.workload import workload
 from streams.native import native
 from streams.settings import Settings
 from tests.unit.test_compiled import CARGO
+from tests.unit.test_fast_exact import anything, dumps, payloads
 
 pytestmark = pytest.mark.skipif(
     native is None and not CARGO, reason="no Rust toolchain: the Python passes alone"
@@ -217,4 +219,53 @@ async def test_the_prompt_made_already_is_the_prompt_and_pii_still_wins() -> Non
         found = emails() - before
         assert (found, "ann@corp.io" in prompts[-1]) == (
             (2, False) if "@" in description else (0, False)
+        )
+
+
+def _mutated(base: bytes, where: str, value: Any) -> bytes:
+    data = orjson.loads(base)
+    batch = data["batches"][0]
+    if where == "action":
+        batch["actions"][0]["title"] = value
+    elif where == "action_field":
+        batch["actions"][0]["zz"] = value
+    else:
+        batch[where] = value
+    return dumps(data)
+
+
+BASE = _request(
+    [{"session_id": "s", "actions": [{"title": "t", "index": 3}], "forwarded_at": 2.0}], 1, 5.0
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["action", "action_field", "forwarded_at", "count", "email", "type"]),
+    anything,
+)
+def test_what_the_read_takes_the_strict_structs_take_alike(where: str, value: Any) -> None:
+    """The stage decodes a read request's other fields alone (``decode_request_head``) and
+    its batches when first read: those must decode, to the batches a whole decode gives."""
+    raw = _mutated(BASE, where, value)
+    read = RequestReader(LIMITS)(raw)
+    if read is None:
+        return
+    whole = fast.decode_request(raw)  # raises if the read took what the Structs refuse
+    head = fast.decode_request_head(raw, read.batches)
+    assert head is not None
+    assert isinstance(head.batches, fast.LazyBatches) and len(head.batches) == len(whole.batches)
+    assert {**asdict(head), "batches": None} == {**asdict(whole), "batches": None}
+    assert list(head.batches) == whole.batches
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(payloads, st.booleans()), max_size=3))
+def test_generated_batches_read_only_where_they_decode_alike(batches: list[Any]) -> None:
+    ours = [{**b, "session_id": "s"} if ours else b for b, ours in batches]  # mostly read
+    raw = dumps({**orjson.loads(BASE), "batches": ours, "seq_to": 40})
+    read = RequestReader(LIMITS)(raw)
+    if read is not None:
+        assert list(fast.decode_request_head(raw, read.batches).batches) == (  # type: ignore[union-attr]
+            fast.decode_request(raw).batches
         )

@@ -13,7 +13,15 @@ from agents.summarize import CARRY_MAX_BYTES, SummaryState, fold_large_carry
 from agents.summarize.state import count_facts, summary_operation
 from agents.summarizer import DEFAULT_PROMPT, LLMSummarizer, ResilientLLM, default_format_actions
 from agents.summarizer.llm import Completion
-from schemas import ActionsPayload, SummarizeRequest, SummaryReady, SummaryUsage, encode
+from schemas import (
+    ActionsPayload,
+    InvalidMessage,
+    SessionErased,
+    SummarizeRequest,
+    SummaryReady,
+    SummaryUsage,
+    encode,
+)
 from schemas.fast import decode_context_message, decode_request
 from schemas.ledger import LedgerLimits, SessionLedger
 from streams.settings import Settings
@@ -258,3 +266,18 @@ def test_action_text_reads_only_action_text_fields() -> None:
     text = action_text(action.model_copy(update=fields))
     for name, marker in fields.items():
         assert (marker in text) == (name in ACTION_TEXT_FIELDS), name
+
+
+def test_a_request_whose_action_says_session_erased_is_a_request() -> None:
+    """The stage took any message holding ``"session_erased"`` for an erasure and refused a
+    request whose action's text was just that: dead-lettered, its actions never summarised."""
+    from agents.summarize.state import decode_request as take
+
+    raw = encode(request_of(1, 2)).replace(b'"clicked button 1"', b'"session_erased"')
+    decoded = take(raw)
+    assert not isinstance(decoded, SessionErased)
+    assert decoded.batches[0].actions[0].description == "session_erased"
+    erased = SessionErased(session_id="s1", requested_at=1.0, emitted_at=2.0)
+    assert take(encode(erased)) == erased
+    with pytest.raises(InvalidMessage, match="session_id"):
+        take(b'{"op":"session_erased"}')
