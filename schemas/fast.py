@@ -41,11 +41,11 @@ __all__ = [
     "decode_context_message",
     "decode_payload",
     "decode_request",
-    "decode_request_head",
     "encode_payload",
     "payload_model",
     "payload_of",
     "payload_struct",
+    "request_of_read",
     "struct_of",
 ]
 
@@ -278,25 +278,22 @@ class LazyBatches(Sequence[Any]):
         return self._decoded
 
 
-# The header's fields exact, the batches skipped: a compiled read took them (and checked
-# them as ``_Request`` does: tests/unit/test_compiled_request.py).
-_head_decoder = msgspec.json.Decoder(
-    struct_of(SummarizeRequest, "RequestHead", forbid=True, batches=msgspec.Raw)
-)
-
-
-def decode_request_head(raw: bytes, batches: int) -> Request | None:
-    """``decode_request(raw)``, its ``batches`` (``batches`` of them, which a compiled read
-    took) decoded when first read; None where it is not sure to give the same request."""
-    try:
-        head: Any = _head_decoder.decode(raw)
-    except msgspec.MsgspecError:
-        return None
-    if head.ledger is not None or not _exact_request(head, batches):
-        return None
-    fields = asdict(head)
-    fields["batches"] = LazyBatches(raw, batches)
-    return Request(**fields)
+def request_of_read(raw: bytes, head: tuple[Any, ...], batches: int) -> Request | None:
+    """``decode_request(raw)`` from the values a compiled read of ``raw`` gave (it takes what
+    ``_Request`` takes, alike: tests/unit/test_compiled_request.py), its ``batches`` decoded
+    when first read; None where the model would refuse it."""
+    seq_from, seq_to, generation, session_id, product_id, final, created_at = head
+    request = Request(
+        seq_from=seq_from,
+        seq_to=seq_to,
+        generation=generation,
+        session_id=session_id,
+        product_id=product_id,
+        batches=LazyBatches(raw, batches),
+        final=final,
+        created_at=created_at,
+    )
+    return request if _exact_request(request, batches) else None
 
 
 # The context topic's messages, with the same exact Structs; a summary's usage stays a

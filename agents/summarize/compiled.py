@@ -5,16 +5,16 @@ count, the PII pass over the fields the default prompt reads, the prompt's lines
 request's decode, ~17% of the pipeline worker, docs/performance.md). :class:`RequestReader`
 reads the request's bytes once for all three, without a Python object per action: its
 ledger facts (merged by ``schemas.ledger.merge_facts``), the default prompt's actions and
-the distinct texts they hold (``FormattedActions``); the stage then decodes the request's
-other fields alone (``schemas.fast.decode_request_head``), its batches where a Python pass
-needs them. Whatever it declines, and everything without the extension (not built, or
-``AC_COMPILED=false``), takes the Python passes, which give the same ledger and prompt
-(tests/unit/test_compiled_request.py).
+the distinct texts they hold (``FormattedActions``), and the request's other fields: the
+stage builds the request from them (``schemas.fast.request_of_read``) and decodes its
+batches only where a Python pass needs them. Whatever it declines, and everything without
+the extension (not built, or ``AC_COMPILED=false``), takes the Python passes, which give
+the same ledger and prompt (tests/unit/test_compiled_request.py).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from agents.summarizer import FormattedActions
 from schemas.ledger import LedgerLimits, RequestFacts
@@ -28,6 +28,7 @@ class ReadRequest(NamedTuple):
     formatted: FormattedActions  # the default prompt's actions, for its batches alone
     conversation: str | None  # ``conversation_id(request.batches)``
     batches: int  # how many
+    head: tuple[Any, ...]  # its other fields (``schemas.fast.request_of_read``)
 
 
 class RequestReader:
@@ -49,10 +50,11 @@ class RequestReader:
         read = self._read(raw, self._spec)
         if read is None:
             return None
-        facts, actions, descriptions, urls, session, conversation, batches = read
+        facts, actions, descriptions, urls, conversation, batches, head = read
         return ReadRequest(
             None if facts is None else RequestFacts(*facts),
-            FormattedActions(actions, descriptions, urls, session),
+            FormattedActions(actions, descriptions, urls, head[3]),
             conversation,
             batches,
+            head,
         )

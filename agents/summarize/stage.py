@@ -93,11 +93,11 @@ class SummarizeStage:
         await feed_lanes(self.source, self.lanes, self.acks, self.take, self.dead_letters.write)
 
     def take(self, raw: bytes | None) -> Taken | SessionErased:
-        """A request read compiled, its other fields decoded, its batches decoded only where
-        a Python pass reads them; else decoded whole (or refused: ``InvalidMessage``)."""
+        """A request read compiled, its batches decoded only where a Python pass reads them;
+        else decoded whole (or refused: ``InvalidMessage``)."""
         read = self.read(raw)
         if read is not None and raw is not None:
-            request = fast.decode_request_head(raw, read.batches)
+            request = fast.request_of_read(raw, read.head, read.batches)
             if request is not None:
                 return Taken(request, read)
         decoded = decode_request(raw)

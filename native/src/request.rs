@@ -4,10 +4,10 @@
 //! actions (`default_format_actions`), and the distinct texts the default prompt's PII
 //! pass reads. No Python object is made per action.
 //!
-//! Its batches are read strictly: what it takes, the strict Structs of `schemas.fast` take
-//! too, with the same values (tests/unit/test_compiled_request.py), so the stage decodes
-//! the request's other fields alone and its batches only where a Python pass needs them
-//! (`schemas.fast.decode_request_head`). It declines (None) what it does not know (an old
+//! It reads strictly: what it takes, the strict Structs of `schemas.fast` take too, with the
+//! same values (tests/unit/test_compiled_request.py), so the stage builds the request from
+//! its values and decodes its batches only where a Python pass needs them
+//! (`schemas.fast.request_of_read`). It declines (None) what it does not know (an old
 //! request's ledger, a batch of another session), and gives no facts for text that is not
 //! printable ASCII (where `one_line` changes nothing and `lower()` folds as `(?i)` does),
 //! for a time that is negative or -0.0, or for more pages than any ledger keeps: the stage
@@ -31,12 +31,12 @@ const KINDS_REMEMBERED: usize = 4096; // lines whose kinds are kept, as `LedgerL
 
 object!(Request {
     session_id: Str<'a> = "session_id" or return Err(Error::missing_field("session_id")),
-    _product_id: Str<'a> = "product_id" or Str::default(),
-    _generation: i64 = "generation" or 0,
+    product_id: Str<'a> = "product_id" or Str::default(),
+    generation: i64 = "generation" or 0,
     seq_from: i64 = "seq_from" or return Err(Error::missing_field("seq_from")),
-    _seq_to: i64 = "seq_to" or return Err(Error::missing_field("seq_to")),
+    seq_to: i64 = "seq_to" or return Err(Error::missing_field("seq_to")),
     batches: Vec<Payload<'a>> = "batches" or return Err(Error::missing_field("batches")),
-    _final: bool = "final" or false,
+    last: bool = "final" or false,
     created_at: f64 = "created_at" or return Err(Error::missing_field("created_at")),
     ledger: Option<&'a RawValue> = "ledger" or None,
 });
@@ -249,10 +249,12 @@ type Read<'py> = (
     String,                      // `default_format_actions(request.batches)`
     Bound<'py, PyList>,          // the distinct descriptions the default prompt reads
     Bound<'py, PyList>,          // the distinct canonical URLs it reads
-    String,                      // the session, its batches' too
     Option<String>,              // `conversation_id(request.batches)`
     usize,                       // how many batches
+    Head,                        // the other fields
 );
+/// (seq_from, seq_to, generation, session_id (its batches' too), product_id, final, created_at)
+type Head = (i64, i64, i64, String, String, bool, f64);
 
 /// The request `raw` read for the stage's default passes; None where it declines.
 #[pyfunction]
@@ -315,8 +317,16 @@ pub(crate) fn read_request<'py>(
         actions,
         PyList::new(py, descriptions)?,
         PyList::new(py, urls)?,
-        sid.to_owned(),
         conversation.map(str::to_owned),
         r.batches.len(),
+        (
+            r.seq_from,
+            r.seq_to,
+            r.generation,
+            sid.to_owned(),
+            r.product_id.to_string(),
+            r.last,
+            r.created_at,
+        ),
     )))
 }

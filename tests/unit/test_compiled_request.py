@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from msgspec.structs import asdict
 
 from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload
-from agents.summarize.compiled import RequestReader
+from agents.summarize.compiled import ReadRequest, RequestReader
 from agents.summarize.state import conversation_id, decode_request
 from agents.summarizer import LLMSummarizer, ResilientLLM
 from agents.summarizer.prompting import DEFAULT_PROMPT, default_format_actions
@@ -105,6 +105,7 @@ def same_passes(raw: bytes, reader: RequestReader, limits: LedgerLimits = LIMITS
     read = reader(raw)
     if read is None:
         return "declined"
+    same_request(raw, read)
     payloads = request.batches
     assert read.formatted.text == default_format_actions(payloads)
     assert read.conversation == conversation_id(payloads)
@@ -229,6 +230,8 @@ def _mutated(base: bytes, where: str, value: Any) -> bytes:
         batch["actions"][0]["title"] = value
     elif where == "action_field":
         batch["actions"][0]["zz"] = value
+    elif where.startswith("request."):
+        data[where.removeprefix("request.")] = value
     else:
         batch[where] = value
     return dumps(data)
@@ -241,22 +244,32 @@ BASE = _request(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.sampled_from(["action", "action_field", "forwarded_at", "count", "email", "type"]),
+    st.sampled_from(
+        ["action", "action_field", "forwarded_at", "count", "email", "type"]
+        + [f"request.{name}" for name in orjson.loads(BASE)]
+        + ["request.ledger", "request.zz"]
+    ),
     anything,
 )
 def test_what_the_read_takes_the_strict_structs_take_alike(where: str, value: Any) -> None:
-    """The stage decodes a read request's other fields alone (``decode_request_head``) and
-    its batches when first read: those must decode, to the batches a whole decode gives."""
+    """The stage builds a read request from the read's values (``request_of_read``) and
+    decodes its batches when first read: the request a whole decode gives, never one it
+    refuses."""
     raw = _mutated(BASE, where, value)
     read = RequestReader(LIMITS)(raw)
     if read is None:
         return
+    same_request(raw, read)
+
+
+def same_request(raw: bytes, read: ReadRequest) -> None:
+    """The request built from the read is the one a whole decode gives."""
     whole = fast.decode_request(raw)  # raises if the read took what the Structs refuse
-    head = fast.decode_request_head(raw, read.batches)
-    assert head is not None
-    assert isinstance(head.batches, fast.LazyBatches) and len(head.batches) == len(whole.batches)
-    assert {**asdict(head), "batches": None} == {**asdict(whole), "batches": None}
-    assert list(head.batches) == whole.batches
+    built = fast.request_of_read(raw, read.head, read.batches)
+    assert built is not None
+    assert isinstance(built.batches, fast.LazyBatches) and len(built.batches) == len(whole.batches)
+    assert repr({**asdict(built), "batches": None}) == repr({**asdict(whole), "batches": None})
+    assert list(built.batches) == whole.batches
 
 
 @settings(max_examples=200, deadline=None)
@@ -266,6 +279,4 @@ def test_generated_batches_read_only_where_they_decode_alike(batches: list[Any])
     raw = dumps({**orjson.loads(BASE), "batches": ours, "seq_to": 40})
     read = RequestReader(LIMITS)(raw)
     if read is not None:
-        assert list(fast.decode_request_head(raw, read.batches).batches) == (  # type: ignore[union-attr]
-            fast.decode_request(raw).batches
-        )
+        same_request(raw, read)
