@@ -263,10 +263,12 @@ def test_what_the_read_takes_the_strict_structs_take_alike(where: str, value: An
 
 
 def same_request(raw: bytes, read: ReadRequest) -> None:
-    """The request built from the read is the one a whole decode gives."""
-    whole = fast.decode_request(raw)  # raises if the read took what the Structs refuse
+    """The request built from the read is the one a whole decode gives (None: the stage
+    decodes it whole, as without the read)."""
     built = fast.request_of_read(raw, read.head, read.batches)
-    assert built is not None
+    if built is None:
+        return
+    whole = fast.decode_request(raw)  # raises if the read took what the Structs refuse
     assert isinstance(built.batches, fast.LazyBatches) and len(built.batches) == len(whole.batches)
     assert repr({**asdict(built), "batches": None}) == repr({**asdict(whole), "batches": None})
     assert list(built.batches) == whole.batches
