@@ -53,10 +53,15 @@ def apply_compiled(
     if done is None:
         return None
     sid, existed, entry, op, request, actions = done
+    # The tuples built by tuple.__new__, past NamedTuple's Python __new__: 0.21 against
+    # 0.46 µs an Emission, 0.32 against 0.55 a Transition (docs/performance.md, session 40).
     if op is None:
         out = []
     elif request is None:
-        out = [Emission("context", op)]
+        out = [_new(Emission, ("context", op))]
     else:
-        out = [Emission("context", op), Emission("summarize", request)]
-    return Transition(sid, entry, out, existed, actions, None)
+        out = [_new(Emission, ("context", op)), _new(Emission, ("summarize", request))]
+    return _new(Transition, (sid, entry, out, existed, actions, None))
+
+
+_new = tuple.__new__

@@ -144,7 +144,11 @@ pub(crate) fn transition(
     max_pending_bytes: i64,
     threshold: i64,
 ) -> PyResult<Option<Applied>> {
-    let Ok(p) = serde_json::from_slice::<Payload>(raw) else {
+    // UTF-8 checked once, whole: the reader then borrows each string without its own check.
+    let Ok(p) = std::str::from_utf8(raw).map(serde_json::from_str::<Payload>) else {
+        return Ok(None);
+    };
+    let Ok(p) = p else {
         return Ok(None);
     };
     let ingested = if ingested_at != 0.0 { ingested_at } else { now };
@@ -163,9 +167,9 @@ pub(crate) fn transition(
         Some(found.extract()?)
     };
     let parsed: Option<State> = match entry {
-        Some(raw) => match serde_json::from_slice(raw) {
-            Ok(state) => Some(state),
-            Err(_) => return Ok(None),
+        Some(raw) => match std::str::from_utf8(raw).map(serde_json::from_str) {
+            Ok(Ok(state)) => Some(state),
+            _ => return Ok(None),
         },
         None => None,
     };
