@@ -34,6 +34,20 @@ object!(Payload {
     _kind: Str<'a> = "type" or Str::default(),
 });
 
+/// `[{n}] {type}: {description} — {canonical_url}`: an action as the context's batches
+/// (`schemas.actions.numbered_text`, `n` its sequence number) and the default prompt
+/// (`action_text`, `n` its index) write it.
+pub(crate) fn push_action(out: &mut String, n: i64, a: &Action) {
+    out.push('[');
+    out.push_str(itoa::Buffer::new().format(n));
+    out.push_str("] ");
+    out.push_str(&a.kind);
+    out.push_str(": ");
+    out.push_str(&a.description);
+    out.push_str(" \u{2014} ");
+    out.push_str(&a.canonical_url);
+}
+
 /// The payload's JSON as `schemas.fast.encode_payload` writes its `Payload` Struct.
 pub(crate) fn encode_payload(p: &Payload, out: &mut Out) {
     out.raw("{\"product_id\":");

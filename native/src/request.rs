@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::json::{object, Str};
-use crate::payload::{Action, Payload};
+use crate::payload::{push_action, Action, Payload};
 
 const ENTRY_MAX_CHARS: usize = 120;
 const MAX_PAGES: usize = 64; // more distinct pages than a ledger keeps: the stage counts
@@ -291,16 +291,10 @@ pub(crate) fn read_request<'py>(
             if n > 1 {
                 actions.push('\n');
             }
-            // f"{n}. [{index}] {type}: {description} — {canonical_url}"
+            // f"{n}. {action_text(action)}"
             actions.push_str(itoa::Buffer::new().format(n));
-            actions.push_str(". [");
-            actions.push_str(itoa::Buffer::new().format(a.index));
-            actions.push_str("] ");
-            actions.push_str(&a.kind);
-            actions.push_str(": ");
-            actions.push_str(&a.description);
-            actions.push_str(" \u{2014} ");
-            actions.push_str(&a.canonical_url);
+            actions.push_str(". ");
+            push_action(&mut actions, a.index, a);
             for (seen, text) in [
                 (&mut descriptions, &*a.description),
                 (&mut urls, &*a.canonical_url),

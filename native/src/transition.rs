@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use std::borrow::Cow;
 
 use crate::json::{plain, plain_float, plain_opt, Out, Str};
-use crate::payload::{encode_payload, supported, Payload};
+use crate::payload::{encode_payload, push_action, supported, Payload};
 
 /// A session entry as `SessionState.to_bytes` writes it; the fields this transition does
 /// not change are kept as the text they were written as.
@@ -283,14 +283,8 @@ fn operation(
     }
     let mut acted = p.actions[0].timestamp_end;
     for (seq, a) in (seq_from..).zip(&p.actions) {
-        text.push_str("\n[");
-        text.push_str(itoa::Buffer::new().format(seq));
-        text.push_str("] ");
-        text.push_str(&a.kind);
-        text.push_str(": ");
-        text.push_str(&a.description);
-        text.push_str(" \u{2014} ");
-        text.push_str(&a.canonical_url);
+        text.push('\n');
+        push_action(&mut text, seq, a);
         if a.timestamp_end > acted {
             acted = a.timestamp_end;
         }
