@@ -155,11 +155,14 @@ async def run(args: argparse.Namespace) -> None:
             )
             live = await live_session(client, settings, sink.port, args.threshold)
             contexts = await fetch_contexts(client, sink.port, [*sessions, live["session_id"]])
-            compiled = metric(await scrape(client, pipeline.port), "ac_compiled_payloads_total")
+            scraped = await scrape(client, pipeline.port)
+        compiled = metric(scraped, "ac_compiled_payloads_total")
+        requests = metric(scraped, "ac_compiled_requests_total")
         applied = len(payloads) + len(live["payloads"])
         console.print(
             f"      the pipeline worker applied {applied} payloads: {compiled:.0f} by the "
-            f"compiled transition (native/), {applied - compiled:.0f} by the Python one"
+            f"compiled transition (native/), {applied - compiled:.0f} by the Python one; "
+            f"it read {requests:.0f} summarize requests compiled"
         )
         show_results(contexts, payloads, run_dir, args.threshold, live)
         url = f"http://127.0.0.1:{view.port}/ui/"

@@ -70,6 +70,7 @@ class SummarizeStage:
         self.ledger_limits = settings.ledger_limits()
         # A request's actions read once for the ledger, the prompt and the PII pass.
         self.read = RequestReader(self.ledger_limits, enabled=settings.compiled)
+        self.compiled_requests = metrics.COMPILED_REQUESTS.labels()
         self.table = session_table(app, "summaries")
         # Each session's state kept decoded between its requests: 5.7 µs a decode (decisions.md).
         self.decoded = DecodedEntries(SummaryState.from_bytes)
@@ -99,6 +100,7 @@ class SummarizeStage:
         if read is not None and raw is not None:
             request = fast.request_of_read(raw, read.head, read.batches)
             if request is not None:
+                self.compiled_requests.inc()
                 return Taken(request, read)
         decoded = decode_request(raw)
         return decoded if isinstance(decoded, SessionErased) else Taken(decoded, None)

@@ -11,6 +11,11 @@ COMPILED_PAYLOADS = Counter(
     "ac_compiled_payloads_total",
     "Payloads the accumulator applied with its compiled transition (the rest: in Python)",
 )
+COMPILED_REQUESTS = LoopCounter(
+    "ac_compiled_requests_total",
+    "Summarize requests read by the compiled reader (the rest: decoded and counted in Python)",
+    [],
+)
 REPLAYS_SKIPPED = Counter(
     "ac_replays_skipped_total", "Redelivered messages recognised and skipped", ["stage"]
 )

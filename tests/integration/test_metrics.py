@@ -22,6 +22,7 @@ from agents.accumulate.state import Limits
 from agents.ingest.synthetic import interleaved_payloads, plan_sessions
 from sinks.base import Operation
 from sinks.context import SessionContext
+from streams.native import native
 from streams.observe.lag import worker_status
 from streams.settings import Settings
 from tests.fakes.openai_server import FakeOpenAIServer
@@ -167,6 +168,8 @@ async def test_counters_move_and_lag_drains_after_a_run(
         # Every payload took the compiled transition where it is built (scripts/bootstrap.sh).
         compiled = compiled_for(Limits(threshold=threshold, max_actions_per_batch=50))
         assert p.one("ac_compiled_payloads_total") == (len(payloads) if compiled else 0)
+        # And every summarize request the compiled read (agents/summarize/compiled.py).
+        assert p.one("ac_compiled_requests_total") == (summaries if native else 0)
         assert p.value("ac_summaries_total", outcome="rolling") == summaries
         assert p.one("ac_dead_letters_total", stage="accumulate", reason="not valid JSON") == 1
         assert p.one("ac_active_sessions") == len(sessions)
