@@ -13,8 +13,7 @@ tests/unit/test_fast_exact.py and test_fast_decode.py prove the two paths agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import msgspec
 import orjson
@@ -34,7 +33,6 @@ from schemas.operations import (
 
 __all__ = [
     "Action",
-    "LazyBatches",
     "Payload",
     "Request",
     "built",
@@ -42,10 +40,10 @@ __all__ = [
     "decode_payload",
     "decode_request",
     "encode_payload",
+    "exact_request",
     "payload_model",
     "payload_of",
     "payload_struct",
-    "request_of_read",
     "struct_of",
 ]
 
@@ -224,7 +222,7 @@ def decode_payload(raw: bytes | None) -> Payload:
     return payload_struct(decode(ActionsPayload, raw))
 
 
-def _exact_request(r: Any, batches: int) -> bool:
+def exact_request(r: Any, batches: int) -> bool:
     """SeqRange's bounds and SummarizeRequest's ``_ordered`` (a final may be empty)."""
     ordered = r.seq_to >= r.seq_from or (r.final and not batches and r.seq_from == r.seq_to + 1)
     return r.seq_from >= 1 and r.seq_to >= 1 and r.generation >= 0 and ordered
@@ -240,60 +238,13 @@ def decode_request(raw: bytes | None) -> Request:
         except msgspec.MsgspecError:
             pass
         else:
-            if _exact_request(struct, len(struct.batches)) and all(map(_exact, struct.batches)):
+            if exact_request(struct, len(struct.batches)) and all(map(_exact, struct.batches)):
                 fields = asdict(struct)
                 fields["batches"] = [_values(b) for b in struct.batches]
                 if struct.ledger is not None:
                     fields["ledger"] = msgspec.to_builtins(struct.ledger)
                 return Request(**fields)
     return msgspec.convert(decode(SummarizeRequest, raw).model_dump(), Request)
-
-
-class LazyBatches(Sequence[Any]):
-    """A request's batches, decoded (:func:`decode_request`) when first read: a compiled read
-    of them (``agents.summarize.compiled``) serves the summarize stage's common path."""
-
-    __slots__ = ("_count", "_decoded", "_raw")
-
-    def __init__(self, raw: bytes, count: int) -> None:
-        self._raw, self._count = raw, count
-        self._decoded: list[Any] | None = None
-
-    def __len__(self) -> int:
-        return self._count
-
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Any]: ...
-    def __getitem__(self, index: int | slice) -> Any:
-        return self.decoded()[index]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.decoded())
-
-    def decoded(self) -> list[Any]:
-        if self._decoded is None:
-            self._decoded = decode_request(self._raw).batches
-        return self._decoded
-
-
-def request_of_read(raw: bytes, head: tuple[Any, ...], batches: int) -> Request | None:
-    """``decode_request(raw)`` from the values a compiled read of ``raw`` gave (it takes what
-    ``_Request`` takes, alike: tests/unit/test_compiled_request.py), its ``batches`` decoded
-    when first read; None where the model would refuse it."""
-    seq_from, seq_to, generation, session_id, product_id, final, created_at = head
-    request = Request(
-        seq_from=seq_from,
-        seq_to=seq_to,
-        generation=generation,
-        session_id=session_id,
-        product_id=product_id,
-        batches=LazyBatches(raw, batches),
-        final=final,
-        created_at=created_at,
-    )
-    return request if _exact_request(request, batches) else None
 
 
 # The context topic's messages, with the same exact Structs; a summary's usage stays a

@@ -36,10 +36,8 @@ __all__ = [
     "ENTRY_MAX_CHARS",
     "LedgerEntry",
     "LedgerLimits",
-    "RequestFacts",
     "SessionLedger",
     "count_batches",
-    "merge_facts",
     "new_ledger",
 ]
 
@@ -86,7 +84,7 @@ class LedgerLimits:
     @property
     def default_patterns(self) -> bool:
         """Both patterns the defaults, which the compiled facts of a request
-        (:class:`RequestFacts`) match as ``re`` does on the ASCII text they count."""
+        (``agents.summarize.compiled.RequestFacts``) match as ``re`` does on ASCII text."""
         return self.key_pattern == DEFAULT_KEY_PATTERN and (
             self.error_pattern == DEFAULT_ERROR_PATTERN
         )
@@ -190,25 +188,6 @@ class SessionLedger(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.last_step is not None:
             lines.append(f"- Last step: [{self.last_step.seq}] {self.last_step.text}")
         return "\n".join(lines)
-
-
-class RequestFacts(msgspec.Struct, frozen=True):
-    """What :func:`count_batches` counts from one summarize request's batches, counted
-    from its bytes (``native/src/request.rs``: the default patterns, ASCII text), merged
-    in O(pages) by :func:`merge_facts`. Its entries are the ledger's, ``{"seq", "text"}``."""
-
-    keep: tuple[int, int]  # the limits' (errors, key_actions): the entries' bounds
-    actions: int
-    batches: int
-    first_at: float
-    last_at: float
-    pages: list[tuple[str, int]]  # in the order each was first visited
-    errors: list[dict[str, Any]]  # the latest ``keep[0]``
-    errors_total: int
-    key_actions: list[dict[str, Any]]
-    key_actions_total: int
-    first_step: dict[str, Any]
-    last_step: dict[str, Any]
 
 
 def _span(first: float, last: float) -> str:
@@ -337,34 +316,3 @@ def count_batches(
         entries += [_entry(s, a) for s, a in found[max(len(found) - keep, 0) :]]
         _keep_last(entries, keep)
     ledger["last_step"] = _entry(*last)
-
-
-def merge_facts(ledger: dict[str, Any], facts: RequestFacts, limits: LedgerLimits) -> bool:
-    """Merge a request's facts into ``ledger``: what :func:`count_batches` makes of its
-    batches, where no page has to make room (each counted on; new ones after the others).
-    False, ``ledger`` untouched: the caller counts the batches (other bounds, a full page
-    list). tests/unit/test_compiled.py holds it to ``count_batches`` on generated requests."""
-    pages: dict[str, int] = ledger["pages"]
-    if facts.keep != (limits.errors, limits.key_actions):
-        return False
-    if len(pages) + sum(page not in pages for page, _ in facts.pages) > limits.top_pages:
-        return False
-    for page, count in facts.pages:
-        pages[page] = pages.get(page, 0) + count
-    ledger["batches"] += facts.batches
-    ledger["actions"] += facts.actions
-    ledger["first_at"] = ledger["first_at"] or facts.first_at
-    ledger["last_at"] = max(ledger["last_at"], facts.last_at)
-    if ledger["first_step"] is None:
-        ledger["first_step"] = facts.first_step
-    ledger["errors_total"] += facts.errors_total
-    ledger["key_actions_total"] += facts.key_actions_total
-    for name, found, keep in (
-        ("errors", facts.errors, limits.errors),
-        ("key_actions", facts.key_actions, limits.key_actions),
-    ):
-        entries = ledger[name]
-        entries += found
-        _keep_last(entries, keep)
-    ledger["last_step"] = facts.last_step
-    return True

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import msgspec
 from faust.types import Message
 
-from agents.summarize.compiled import ReadRequest, RequestReader
+from agents.summarize.compiled import ReadRequest, RequestReader, request_of_read
 from agents.summarize.state import (
     CARRY_MAX_BYTES,
     SummaryState,
@@ -30,7 +30,7 @@ from agents.summarize.state import (
     summary_operation,
 )
 from agents.summarizer import Accounting, LLMError, Summarizer, llm_session, usage_of
-from schemas import ActionsPayload, SessionErased, fast
+from schemas import ActionsPayload, SessionErased
 from schemas.fast import Request
 from streams._faust import changelog, stores
 from streams._faust.batch_source import BatchSource
@@ -98,7 +98,7 @@ class SummarizeStage:
         else decoded whole (or refused: ``InvalidMessage``)."""
         read = self.read(raw)
         if read is not None and raw is not None:
-            request = fast.request_of_read(raw, read.head, read.batches)
+            request = request_of_read(raw, read.head, read.batches)
             if request is not None:
                 self.compiled_requests.inc()
                 return Taken(request, read)
@@ -188,7 +188,7 @@ class SummarizeStage:
         generation ends with a summary that covers all of it (its raw notes go).
         """
         max_chars = self.settings.summary_max_chars
-        payloads = request.batches  # maybe decoded when first read (fast.LazyBatches)
+        payloads = request.batches  # maybe decoded when first read (LazyBatches)
         if state.carry:
             payloads = [*(ActionsPayload.model_validate(b) for b in state.carry), *payloads]
         if not payloads:  # a close right after a summary: that summary becomes the final

@@ -8,10 +8,11 @@ from typing import Any
 
 import orjson
 
+from agents.summarize.compiled import RequestFacts, merge_facts
 from agents.summarizer import cap_summary, offline_summary
 from schemas import ActionsPayload, InvalidMessage, SessionErased, SummaryUsage, decode, fast
 from schemas.fast import Request
-from schemas.ledger import LedgerLimits, RequestFacts, count_batches, merge_facts, new_ledger
+from schemas.ledger import LedgerLimits, count_batches, new_ledger
 from schemas.records import JsonRecord
 from streams.topics import MESSAGE_MAX_BYTES
 

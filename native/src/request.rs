@@ -7,11 +7,12 @@
 //! It reads strictly: what it takes, the strict Structs of `schemas.fast` take too, with the
 //! same values (tests/unit/test_compiled_request.py), so the stage builds the request from
 //! its values and decodes its batches only where a Python pass needs them
-//! (`schemas.fast.request_of_read`). It declines (None) what it does not know (an old
-//! request's ledger, a batch of another session), and gives no facts for text that is not
-//! printable ASCII (where `one_line` changes nothing and `lower()` folds as `(?i)` does),
-//! for a time that is negative or -0.0, or for more pages than any ledger keeps: the stage
-//! counts those (tests/unit/test_compiled_request.py holds every part to its Python twin).
+//! (`agents.summarize.compiled.request_of_read`). It declines (None) what it does not know
+//! (an old request's ledger, a batch of another session), and gives no facts for text that
+//! is not printable ASCII (where `one_line` changes nothing and `lower()` folds as `(?i)`
+//! does), for a time that is negative or -0.0, or for more pages than any ledger keeps: the
+//! stage counts those (tests/unit/test_compiled_request.py holds every part to its Python
+//! twin).
 
 use pyo3::intern;
 use pyo3::prelude::*;

@@ -15,13 +15,19 @@ from hypothesis import strategies as st
 from msgspec.structs import asdict
 
 from agents.accumulate.state import Limits, MemoryBatchStore, apply_payload
-from agents.summarize.compiled import ReadRequest, RequestReader
+from agents.summarize.compiled import (
+    LazyBatches,
+    ReadRequest,
+    RequestReader,
+    merge_facts,
+    request_of_read,
+)
 from agents.summarize.state import conversation_id, decode_request
 from agents.summarizer import LLMSummarizer, ResilientLLM
 from agents.summarizer.prompting import DEFAULT_PROMPT, default_format_actions
 from schemas import InvalidMessage, fast
 from schemas.fast import decode_payload
-from schemas.ledger import LedgerLimits, count_batches, merge_facts, new_ledger
+from schemas.ledger import LedgerLimits, count_batches, new_ledger
 from scripts.bench.workload import workload
 from streams.native import native
 from streams.settings import Settings
@@ -265,11 +271,11 @@ def test_what_the_read_takes_the_strict_structs_take_alike(where: str, value: An
 def same_request(raw: bytes, read: ReadRequest) -> None:
     """The request built from the read is the one a whole decode gives (None: the stage
     decodes it whole, as without the read)."""
-    built = fast.request_of_read(raw, read.head, read.batches)
+    built = request_of_read(raw, read.head, read.batches)
     if built is None:
         return
     whole = fast.decode_request(raw)  # raises if the read took what the Structs refuse
-    assert isinstance(built.batches, fast.LazyBatches) and len(built.batches) == len(whole.batches)
+    assert isinstance(built.batches, LazyBatches) and len(built.batches) == len(whole.batches)
     assert repr({**asdict(built), "batches": None}) == repr({**asdict(whole), "batches": None})
     assert list(built.batches) == whole.batches
 
