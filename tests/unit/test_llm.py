@@ -595,9 +595,13 @@ async def test_deadlines_time_out_each_call_at_its_own_deadline_whatever_the_ord
     deadlines = Deadlines()
     finished: list[str] = []
 
-    async def hang(name: str, seconds: float) -> None:
+    async def forever(entered: asyncio.Event) -> None:
+        entered.set()  # the call's deadline is registered: run() awaits this
+        await asyncio.Event().wait()
+
+    async def hang(name: str, seconds: float, entered: asyncio.Event | None = None) -> None:
         try:
-            await deadlines.run(seconds, asyncio.Event().wait())
+            await deadlines.run(seconds, forever(entered or asyncio.Event()))
         except TimeoutError:
             finished.append(name)
 
@@ -605,9 +609,9 @@ async def test_deadlines_time_out_each_call_at_its_own_deadline_whatever_the_ord
         return await deadlines.run(0.05, asyncio.sleep(0, "answer"))
 
     async def main() -> list[str]:
-        started = time.monotonic()
-        slow = asyncio.create_task(hang("slow", 0.6))
-        await asyncio.sleep(0)  # the slow call's deadline is the timer's now
+        started, entered = time.monotonic(), asyncio.Event()
+        slow = asyncio.create_task(hang("slow", 0.6, entered))
+        await entered.wait()  # the slow call's deadline is the timer's now
         assert await quick() == "answer"
         await hang("fast", 0.2)  # earlier than the timer: the timer moves to it
         assert time.monotonic() - started < 0.5, "the fast call waited for the slow deadline"
