@@ -70,17 +70,18 @@ class TableBatches:
         for index in range(end):
             self._staged[batch_key(session_id, index)] = None
 
-    def commit(self, session_id: str, entry: bytes | None) -> None:
+    def commit(self, session_id: str, entry: bytes | None, *, exact: bool = False) -> None:
         """The staged batches, the session's ``entry`` (None deletes it) that refers to
         them, then the deletions of what it no longer refers to: a crash keeps a prefix
-        (test_session_state.py: test_a_change_is_written_batches_entry_then_deletions)."""
+        (test_session_state.py: test_a_change_is_written_batches_entry_then_deletions).
+        ``exact``: the compiled transition made them, with no spare buffer to copy away."""
         writes, table, deleted = self._writes, self._table, []
         for key, body in self._staged.items():
             if body is None:
                 deleted.append(key)
             else:
-                writes.set(table, key, body)
-        writes.set(table, session_id, entry)
+                writes.set(table, key, body, exact=exact)
+        writes.set(table, session_id, entry, exact=exact)
         for key in deleted:
             writes.set(table, key, None)
         self._staged.clear()

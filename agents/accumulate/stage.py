@@ -113,11 +113,13 @@ class Accumulator:
         *,
         existed: bool = True,
         state: SessionState | None = None,
+        exact: bool = False,
     ) -> None:
         """The session's entry ``raw`` with the batches it staged (``TableBatches.commit``);
-        ``state``: what ``raw`` encodes, kept for the session's next payload."""
+        ``state``: what ``raw`` encodes, kept for the session's next payload; ``exact``: the
+        compiled transition made them (no spare buffer: stored as they are)."""
         writes = self.writes
-        self.store.commit(session_id, raw)
+        self.store.commit(session_id, raw, exact=exact)
         if state is not None and raw is not None:
             self.decoded.keep(session_id, cast(bytes, writes.get(self.sessions, session_id)), state)
         if existed != (raw is not None):
@@ -168,7 +170,7 @@ class Accumulator:
                 store.discard()
                 await dead_letters.write(message, too_large)
                 continue
-            self.save(sid, raw, existed=existed, state=state)
+            self.save(sid, raw, existed=existed, state=state, exact=state is None)
             emissions.extend((sid, e) for e in out)
             applied += actions
             compiled += state is None  # applied, not dead-lettered by the size guard

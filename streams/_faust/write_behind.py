@@ -84,10 +84,13 @@ class WriteBehind:
             if table_id == id(table):
                 yield key, value is not None
 
-    def set(self, table: TableT[str, bytes], key: str, value: bytes | None) -> None:
-        """Record a write (``None`` deletes); visible to ``get`` at once, applied on completion."""
+    def set(
+        self, table: TableT[str, bytes], key: str, value: bytes | None, *, exact: bool = False
+    ) -> None:
+        """Record a write (``None`` deletes); visible to ``get`` at once, applied on completion.
+        ``exact``: ``value`` holds no spare buffer (``native/`` made it), kept as it is."""
         self._version += 1
-        if value is not None:
+        if value is not None and not exact:
             # Held until the unit completes: a compact copy, not orjson's ~4 KiB buffer
             # (python -m scripts.bench --mode accumulate reports the peak RSS).
             value = stores.compact(value)

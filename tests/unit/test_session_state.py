@@ -318,7 +318,7 @@ class RecordedWrites:
     def get(self, table: object, key: str) -> bytes | None:
         return self.values.get(key)
 
-    def set(self, table: object, key: str, value: bytes | None) -> None:
+    def set(self, table: object, key: str, value: bytes | None, *, exact: bool = False) -> None:
         self.values[key] = value
         self.log.append((key, value))
 
