@@ -23,7 +23,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from scripts.bench.measure import ROOT, cpu_seconds, new_tag
-from scripts.bench.workload import produce
+from scripts.bench.workload import backlog, produce, produce_records
 
 PROBE = "__probe__"  # as quix_peer.PROBE: its first record, to know it is assigned
 
@@ -149,9 +149,10 @@ async def bench_quix(
         if line.strip() != b"READY":
             raise SystemExit(f"the Quix peer did not start; see {run_dir / 'peer.log'}")
         cpu_start = cpu_seconds(proc.pid)
+        records = backlog(payloads)  # encoded before the window, as for (b) and (c)
         print(f"  producing {len(payloads):,} payloads to {outputs['actions']} ...")
         start = time.perf_counter()
-        await produce(args.bootstrap, outputs["actions"], payloads)
+        await produce_records(args.bootstrap, outputs["actions"], records)
         wanted = {
             outputs["actions_written"]: len(payloads),
             outputs["summaries"]: summaries_expected(payloads, args.threshold),

@@ -21,7 +21,7 @@ from scripts.bench.measure import (
     wait_healthy,
     wait_metric,
 )
-from scripts.bench.workload import changelog_records, produce, records_in
+from scripts.bench.workload import backlog, changelog_records, produce_records, records_in
 
 
 def changelog_bytes(bootstrap: str, app_id: str) -> float:
@@ -45,9 +45,10 @@ async def offer_backlog(
     run, against ~90 on a 150,000-action one).
     """
     topic = settings_of(args, env).topic("actions")
+    records = backlog(payloads)  # encoded before the window, as (b)'s payloads are
     print(f"  producing {len(payloads):,} payloads to {topic} ...")
     start = time.perf_counter()
-    await produce(args.bootstrap, topic, payloads)
+    await produce_records(args.bootstrap, topic, records)
     return start
 
 

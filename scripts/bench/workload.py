@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from streams.native import native
 from streams.partitions import partition_of
 
 
@@ -136,8 +137,7 @@ async def produce(
     client: str = "aiokafka",
 ) -> None:
     if rate is None:
-        records = [(p["session_id"].encode(), orjson.dumps(p)) for p in payloads]
-        return await produce_records(bootstrap, topic, records)
+        return await produce_records(bootstrap, topic, backlog(payloads))
     if client == "rdkafka":
         return await _produce_paced_rdkafka(bootstrap, topic, payloads, rate, tick_s)
     producer = _producer(bootstrap)
@@ -148,9 +148,18 @@ async def produce(
         await producer.stop()
 
 
+def backlog(payloads: list[dict[str, Any]]) -> list[tuple[bytes, bytes]]:
+    """The payloads as a client's records (key: the session id), encoded before a window
+    opens, as (b) is given its payloads' bytes (``bench_sdk``)."""
+    return [(p["session_id"].encode(), orjson.dumps(p)) for p in payloads]
+
+
+_BATCH_BYTES = 256 * 1024
+
+
 def _producer(bootstrap: str) -> AIOKafkaProducer:
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=5, acks="all", max_batch_size=256 * 1024
+        bootstrap_servers=bootstrap, linger_ms=5, acks="all", max_batch_size=_BATCH_BYTES
     )
 
 
@@ -164,32 +173,57 @@ async def produce_records(bootstrap: str, topic: str, records: list[tuple[bytes,
     await producer.start()
     try:
         partitions = len(await producer.partitions_for(topic))
-        placed = ((partition_of(key, partitions), key, value) for key, value in records)
-        await asyncio.gather(*await _send_batches(producer, topic, placed))
+        futures = []
+        placed = _by_partition(
+            (partition_of(key, partitions), key, value) for key, value in records
+        )
+        for partition, them in placed.items():
+            futures += await _send_batches(producer, topic, {partition: them})
+            await asyncio.sleep(0)  # the sender goes on with what is handed over
+        await asyncio.gather(*futures)
     finally:
         await producer.stop()
 
 
-async def _send_batches(
-    producer: AIOKafkaProducer, topic: str, records: Iterable[tuple[int, bytes, bytes]]
-) -> list[asyncio.Future[Any]]:
-    """``(partition, key, value)`` records as one batch per partition (more where one fills),
-    each closed and handed over: an open one lingers in the producer (``linger_ms``), which
-    added up to 5 ms to every action's measured latency."""
-    futures: list[asyncio.Future[Any]] = []
-    batches: dict[int, Any] = {}
+def _by_partition(
+    records: Iterable[tuple[int, bytes, bytes]],
+) -> dict[int, list[tuple[bytes, bytes]]]:
+    placed: dict[int, list[tuple[bytes, bytes]]] = {}
     for partition, key, value in records:
-        if (batch := batches.get(partition)) is None:
-            batch = batches[partition] = producer.create_batch()
+        placed.setdefault(partition, []).append((key, value))
+    return placed
+
+
+async def _send_batches(
+    producer: AIOKafkaProducer, topic: str, placed: dict[int, list[tuple[bytes, bytes]]]
+) -> list[asyncio.Future[Any]]:
+    """Each partition's records as whole batches, closed and handed over (an open one
+    lingers in the producer, ``linger_ms``: up to 5 ms on every action's measured latency).
+    Built by ``native.record_batches`` where built, the workers' own batch writer: aiokafka's
+    builder, ~0.9 µs a record in Python, kept the workers waiting ~0.5 s for the backlog's
+    first batch while it built them all (session 41, docs/performance.md)."""
+    futures: list[asyncio.Future[Any]] = []
+    now = int(time.time() * 1000)
+    for partition, records in placed.items():
+        if native is not None:
+            batches = native.record_batches(records, _BATCH_BYTES, now)
+        else:
+            batches = _built(producer, records)
+        for batch in batches:
+            futures.append(await producer.send_batch(batch, topic, partition=partition))
+    return futures
+
+
+def _built(producer: AIOKafkaProducer, records: list[tuple[bytes, bytes]]) -> list[Any]:
+    batches, batch = [], producer.create_batch()
+    for key, value in records:
         if batch.append(key=key, value=value, timestamp=None) is None:
             batch.close()
-            futures.append(await producer.send_batch(batch, topic, partition=partition))
-            batch = batches[partition] = producer.create_batch()
+            batches.append(batch)
+            batch = producer.create_batch()
             batch.append(key=key, value=value, timestamp=None)
-    for partition, batch in batches.items():
-        batch.close()
-        futures.append(await producer.send_batch(batch, topic, partition=partition))
-    return futures
+    batch.close()
+    return [*batches, batch]
 
 
 async def _produce_paced(
@@ -207,7 +241,7 @@ async def _produce_paced(
     partitions = len(await producer.partitions_for(topic))
     futures: list[asyncio.Future[Any]] = []
     async for tick in _stamped_ticks(payloads, rate, tick_s, partitions):
-        futures += await _send_batches(producer, topic, tick)
+        futures += await _send_batches(producer, topic, _by_partition(tick))
     return futures
 
 
