@@ -21,7 +21,7 @@ import logging
 import re
 import secrets as random_secrets
 from collections import OrderedDict
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import unquote, unquote_plus
 
@@ -139,32 +139,36 @@ class PiiFilter:
 
     def redact_text(self, text: str, session_key: str, policy: str = "text") -> str:
         """``text`` with every detection replaced by its placeholder (idempotent)."""
-        if not text:
-            return text
-        if not self._cache_size or len(text) > _CACHED_CHARS:
-            hits: list[str] = []
-            out = self._redact(text, session_key, policy, hits)
-        elif (policy, text) in self._clean:  # nothing found: the same in every session
-            self._clean.move_to_end((policy, text))
-            return text
-        elif (key := (session_key, policy, text)) in self._redacted:
-            self._redacted.move_to_end(key)
-            out, found = self._redacted[key]
-            hits = list(found)
-        else:
-            hits = []
-            out = self._redact(text, session_key, policy, hits)
-            if out == text and not hits:
-                self._clean[policy, text] = None
-                if len(self._clean) > self._cache_size:
-                    self._clean.popitem(last=False)
-            else:
-                self._redacted[key] = (out, tuple(hits))
-                if len(self._redacted) > self._cache_size:
-                    self._redacted.popitem(last=False)
+        out, hits = self._filtered(text, session_key, policy)
         for kind in hits:
             metrics.PII_DETECTIONS.labels(kind).inc()
         return out
+
+    def _filtered(self, text: str, session_key: str, policy: str) -> tuple[str, Sequence[str]]:
+        """``text`` filtered and what was found in it, remembered (a clean text in every
+        session, a changed one in its own), counted nowhere."""
+        if not text:
+            return text, ()
+        if not self._cache_size or len(text) > _CACHED_CHARS:
+            hits: list[str] = []
+            return self._redact(text, session_key, policy, hits), hits
+        if (policy, text) in self._clean:  # nothing found: the same in every session
+            self._clean.move_to_end((policy, text))
+            return text, ()
+        if (key := (session_key, policy, text)) in self._redacted:
+            self._redacted.move_to_end(key)
+            return self._redacted[key]
+        hits = []
+        out = self._redact(text, session_key, policy, hits)
+        if out == text and not hits:
+            self._clean[policy, text] = None
+            if len(self._clean) > self._cache_size:
+                self._clean.popitem(last=False)
+            return text, ()
+        self._redacted[key] = (out, tuple(hits))
+        if len(self._redacted) > self._cache_size:
+            self._redacted.popitem(last=False)
+        return out, hits
 
     def _redact(self, text: str, session_key: str, policy: str, hits: list[str]) -> str:
         if policy not in ("text", "url"):
@@ -181,23 +185,12 @@ class PiiFilter:
         return self._detectors_on(text, session_key, hits)
 
     def clean(self, policy: str, texts: Iterable[str], session_key: str) -> bool:
-        """Whether ``redact_text`` would leave each of ``texts`` as it is: found clean before,
-        or filtered now (a clean one remembered as ``redact_text`` remembers it). False at the
-        first it would change, counted nowhere: the caller's ``redact`` counts it."""
-        clean = self._clean
+        """Whether ``redact_text`` would leave each of ``texts`` as it is. False at the first
+        it would change, counted nowhere: the caller's ``redact`` counts it, once."""
         for text in texts:
-            if (policy, text) in clean:
-                clean.move_to_end((policy, text))
-                continue
-            if (session_key, policy, text) in self._redacted:
+            out, hits = self._filtered(text, session_key, policy)
+            if hits or out != text:
                 return False
-            hits: list[str] = []
-            if self._redact(text, session_key, policy, hits) != text or hits:
-                return False
-            if self._cache_size and len(text) <= _CACHED_CHARS:
-                clean[policy, text] = None
-                if len(clean) > self._cache_size:
-                    clean.popitem(last=False)
         return True
 
     def redact(
