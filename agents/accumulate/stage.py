@@ -26,6 +26,7 @@ from typing import cast
 
 import orjson
 from faust.types import Message
+from pydantic import ValidationError
 
 from agents.accumulate.batches import TableBatches, oversized
 from agents.accumulate.compiled import apply_compiled, compiled_for
@@ -42,6 +43,7 @@ from agents.accumulate.state import (
 )
 from agents.pii import build_pii_filter
 from schemas import EraseRequest, InvalidMessage, SessionErased
+from schemas.codec import describe
 from schemas.fast import decode_payload
 from streams._faust.batch_source import BatchSource
 from streams._faust.write_behind import WriteBehind
@@ -151,9 +153,6 @@ class Accumulator:
         now, applied, compiled = time.time(), 0, 0
         for message in messages:
             writes.track(source, message)
-            if b'"erase"' in (message.value or b"") and (erase := _erase_request(message)):
-                emissions.extend(self.forget(erase, now))
-                continue
             try:
                 done = self.transition(message, now)
             except InvalidMessage as exc:
@@ -161,6 +160,9 @@ class Accumulator:
                 continue
             if done is None:
                 metrics.REPLAYS_SKIPPED.labels("accumulate").inc()
+                continue
+            if not isinstance(done, Transition):  # an erasure request
+                emissions.extend(self.forget(done, now))
                 continue
             sid, raw, out, existed, actions, state = done
             assert raw is not None  # a replay returned None above
@@ -181,9 +183,10 @@ class Accumulator:
         await self.emit(emissions)
         await writes.seal()
 
-    def transition(self, message: Message, now: float) -> Transition | None:
+    def transition(self, message: Message, now: float) -> Transition | EraseRequest | None:
         """One payload applied to its session: by the compiled transition, or where it
-        declines (or is not built) by the Python one; None for an offset applied before."""
+        declines (or is not built) by the Python one; None for an offset applied before; an
+        erasure request as it is (the stage forgets the session)."""
         value, offset = message.value, message.offset
         if self.compiled and value is not None:
             done = apply_compiled(
@@ -191,6 +194,10 @@ class Accumulator:
             )
             if done is not None:
                 return None if done.entry is None else done
+        # Looked for only in what the compiled transition declined (it declines erasures):
+        # the search through every payload's bytes was 0.8% of the worker (perf, session 41).
+        if value is not None and b'"erase"' in value and (erase := _erase_request(value)):
+            return erase
         payload = decode_payload(value)
         sid = payload.session_id
         state = self.load(sid)
@@ -280,11 +287,16 @@ class Accumulator:
                     self.debouncing.discard(sid)
 
 
-def _erase_request(message: Message) -> EraseRequest | None:
+def _erase_request(value: bytes) -> EraseRequest | None:
+    """The erasure request ``value`` holds, None if it holds none; InvalidMessage for a
+    malformed one (it crashed the worker on every restart before: test_erasure.py)."""
     try:
-        data = orjson.loads(message.value or b"")
+        data = orjson.loads(value)
     except orjson.JSONDecodeError:
         return None  # decode_payload() says why, below
     if not isinstance(data, dict) or data.get("type") != "erase":
         return None  # an actions payload that merely contains the word
-    return EraseRequest.model_validate(data)
+    try:
+        return EraseRequest.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidMessage(f"invalid erase request: {describe(exc)}") from None

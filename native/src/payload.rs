@@ -21,7 +21,7 @@ object!(Action {
 });
 
 // `count` is read (an int64) and ignored, as by the SDK; `type` (the connector's event
-// type) is any string.
+// type) is any string but "erase", an erasure request (the transition declines it).
 object!(Payload {
     product_id: Str<'a> = "product_id" or Str::default(),
     session_id: Str<'a> = "session_id" or return Err(Error::missing_field("session_id")),
@@ -31,7 +31,7 @@ object!(Payload {
     _count: i64 = "count" or 0,
     forwarded_at: f64 = "forwarded_at" or 0.0,
     conversation_id: Option<Str<'a>> = "conversation_id" or None,
-    _kind: Str<'a> = "type" or Str::default(),
+    event: Str<'a> = "type" or Str::default(),
 });
 
 /// `[{n}] {type}: {description} — {canonical_url}`: an action as the context's batches

@@ -152,7 +152,10 @@ pub(crate) fn transition(
         return Ok(None);
     };
     let ingested = if ingested_at != 0.0 { ingested_at } else { now };
-    if !supported(py, &p)
+    // An erasure request is the stage's (`Accumulator.forget`): declined, the stage looks
+    // for one only in what is declined, not in every payload's bytes.
+    if &*p.event == "erase"
+        || !supported(py, &p)
         || !plain_float(now)
         || !plain_float(ingested)
         || p.actions.len() > max_actions_per_batch

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from schemas import DeadLetter
 from sinks.files import context_file
 from sinks.intercom import parse_note, session_ref
 from tests.fakes.intercom_server import FakeIntercomServer
@@ -123,3 +124,34 @@ async def test_an_erased_session_leaves_no_trace_and_the_others_are_untouched(
         log = pipeline.log_text() + files.log_text()
         assert "erased session gone as requested at" in log and "(T-42)" in log
         assert SECRET_EMAIL not in log
+
+
+async def test_a_malformed_erase_request_is_dead_lettered_and_the_worker_goes_on(
+    worker_env: dict[str, str], tmp_path: Path, workers: list[Worker]
+) -> None:
+    """A malformed erasure request is refused with its reason, like any bad payload: it
+    raised out of the accumulator before, which crashed the worker on every restart."""
+    pipe = Pipeline({**worker_env, "AC_THRESHOLD": "10"}, tmp_path, workers)
+    pipeline, files = pipe.start_pipeline(), pipe.start_sink("files")
+    await asyncio.gather(*(w.wait_ready() for w in pipe.workers))
+    bad = [
+        {"type": "erase", "session_id": None},
+        {"type": "erase", "session_id": "after", "requested_at": "soon"},
+    ]
+    await produce(pipe.env, [*bad, batch("after", 0, 3)])
+
+    async def applied() -> bool:
+        view = await pull_view(files, "after")
+        return view is not None and view["actions_applied"] == 3
+
+    await wait_for(applied, timeout=60, message="the payload after the bad requests")
+    letters = [
+        DeadLetter.model_validate_json(r.value or b"")
+        for r in await read_topic(pipe.env, "dead-letters")
+    ]
+    assert sorted(d.reason for d in letters) == [
+        "invalid erase request: requested_at: Input should be a valid number, "
+        "unable to parse string as a number",
+        "invalid erase request: session_id: Input should be a valid string",
+    ]
+    assert "Traceback" not in pipeline.log_text()

@@ -221,3 +221,13 @@ def test_action_kinds_are_the_models() -> None:
         "title", "description", "canonical_url", "index", "type", "timestamp_start",
         "timestamp_end", "raw_url", "session_id", "user_id", "email", "conversation_id",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("event", ["erase", "actions"])
+def test_an_erase_request_is_declined_for_the_stage(event: str) -> None:
+    """The stage looks for an erasure request only in what the compiled path declines
+    (``Accumulator.transition``): one the payload reader takes (no unknown key) must be
+    declined, or the session would be updated instead of forgotten."""
+    raw = orjson.dumps({"type": event, "session_id": "s1"})
+    done = apply_compiled(raw, lambda sid: None, 0, SERVICE, 1.0, MemoryBatchStore(), None)
+    assert (done is None) == (event == "erase")
