@@ -36,29 +36,51 @@ def oversized(state: bytes, out: list[Emission]) -> str | None:
     return None
 
 
+# Keys whose last write this worker remembers: ~2x the default workload's (5,000 sessions,
+# an entry and ~5 slots each); ~25 MB at most beside a RocksDB store (--mode memory).
+WRITTEN_KEPT = 65_536
+
+
 class TableBatches:
     """The ``BatchStore`` of the session transitions, over the sessions table.
 
     Changes are staged until ``commit``: a payload that is dead-lettered after
     its transition ran must leave the store as it was (``discard``). ``commit`` writes
     them around the session's entry in crash-safe order (``streams._faust.commit``).
+
+    ``written`` holds the value of each key this worker wrote last (None: deleted), the
+    ``kept`` written most recently: the compiled transition reads entries and batches
+    there without a call through the write-behind and the store (``staged`` it fills
+    itself). This worker is the table's only writer while it keeps its partitions, so
+    ``current`` lets go of it all when the consumer group's generation changes (a
+    partition may come back with another worker's writes; test_write_behind.py, "written").
     """
 
-    def __init__(self, table: TableT[str, bytes], writes: WriteBehind) -> None:
-        self._table, self._writes = table, writes
-        self._staged: dict[str, bytes | None] = {}  # None: taken (delete on commit)
+    def __init__(
+        self, table: TableT[str, bytes], writes: WriteBehind, *, kept: int = WRITTEN_KEPT
+    ) -> None:
+        self._table, self._writes, self._kept = table, writes, kept
+        self.staged: dict[str, bytes | None] = {}  # None: taken (delete on commit)
+        self.written: dict[str, bytes | None] = {}
+        self._generation: int | None = None
+
+    def current(self, generation: int | None) -> None:
+        """Called before ``written`` is read: forgotten if ``generation`` is another."""
+        if generation != self._generation:
+            self.written.clear()
+            self._generation = generation
 
     def put(self, session_id: str, index: int, body: bytes) -> None:
-        self._staged[batch_key(session_id, index)] = body
+        self.staged[batch_key(session_id, index)] = body
 
     def take(self, session_id: str, first: int, end: int) -> list[bytes]:
         bodies = []
         for index in range(first, end):
             key = batch_key(session_id, index)
-            if self._staged.get(key) is not None:
+            if self.staged.get(key) is not None:
                 # Put by this change and taken at once: never written (the slot keeps
                 # what it held, which no saved state still reads).
-                bodies.append(cast(bytes, self._staged.pop(key)))
+                bodies.append(cast(bytes, self.staged.pop(key)))
                 continue
             body = self._writes.get(self._table, key)
             if body is None:  # a bug, not bad input: the state and the store disagree
@@ -68,23 +90,28 @@ class TableBatches:
 
     def delete(self, session_id: str, end: int) -> None:
         for index in range(end):
-            self._staged[batch_key(session_id, index)] = None
+            self.staged[batch_key(session_id, index)] = None
 
     def commit(self, session_id: str, entry: bytes | None, *, exact: bool = False) -> None:
         """The staged batches, the session's ``entry`` (None deletes it) that refers to
         them, then the deletions of what it no longer refers to: a crash keeps a prefix
         (test_session_state.py: test_a_change_is_written_batches_entry_then_deletions).
         ``exact``: the compiled transition made them, with no spare buffer to copy away."""
-        writes, table, deleted = self._writes, self._table, []
-        for key, body in self._staged.items():
+        writes, table, deleted, written = self._writes, self._table, [], self.written
+        for key, body in self.staged.items():
             if body is None:
                 deleted.append(key)
             else:
-                writes.set(table, key, body, exact=exact)
-        writes.set(table, session_id, entry, exact=exact)
+                written.pop(key, None)  # newest last: the oldest go first below
+                written[key] = writes.set(table, key, body, exact=exact)
+        written.pop(session_id, None)
+        written[session_id] = writes.set(table, session_id, entry, exact=exact)
         for key in deleted:
-            writes.set(table, key, None)
-        self._staged.clear()
+            written.pop(key, None)
+            written[key] = writes.set(table, key, None)
+        self.staged.clear()
+        while len(written) > self._kept:
+            del written[next(iter(written))]
 
     def discard(self) -> None:
-        self._staged.clear()
+        self.staged.clear()

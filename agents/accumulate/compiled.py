@@ -12,13 +12,22 @@ the extension (not built, or ``AC_COMPILED=false``) every payload takes the Pyth
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
-from agents.accumulate.state import BatchStore, Emission, Limits, Transition
+from agents.accumulate.state import Emission, Limits, Transition
 from streams.native import native as _native  # None: not built, the Python transition does it all
 
 __all__ = ["Lookup", "apply_compiled", "compiled_for"]
 
-Lookup = Callable[[str], bytes | None]  # a session's entry, None for a new session
+Lookup = Callable[[str], bytes | None]  # a key's value in the table, None for none
+
+
+class SlotDicts(Protocol):
+    """The dicts of a ``BatchStore`` that the compiled transition reads and fills itself,
+    by ``batch_key``: no Python call per batch (``TableBatches``, ``MemoryBatchStore``)."""
+
+    staged: dict[str, bytes | None]  # this change's batches (None: deleted by it)
+    written: dict[str, bytes | None]  # what the table holds, where known (None: deleted)
 
 
 def compiled_for(limits: Limits, *, enabled: bool = True) -> bool:
@@ -33,16 +42,18 @@ def apply_compiled(
     offset: int,
     limits: Limits,
     now: float,
-    store: BatchStore,
+    store: SlotDicts,
     ingested_at: float | None,
 ) -> Transition | None:
-    """``apply_payload`` for the payload ``raw`` on its session's entry, ``lookup(session)``;
-    None when declined: nothing was changed, the Python path takes the payload."""
+    """``apply_payload`` for the payload ``raw`` on its session's entry: ``store.written``'s,
+    else ``lookup(session)``'s, as each batch it reads; None when declined: nothing was
+    changed, the Python path takes the payload."""
     assert _native is not None  # compiled_for said so
     done = _native.transition(
         raw,
         lookup,
-        store,
+        store.written,
+        store.staged,
         offset,
         now,
         ingested_at or 0.0,

@@ -129,11 +129,12 @@ class Accumulator:
 
     async def emit(self, emissions: Iterable[tuple[str, Emission]]) -> None:
         """Produce in order; ``writes.seal()`` makes the table writes wait for the acks."""
-        for sid, e in emissions:
-            # A summarize request only once its batches are in: else its summary can reach
-            # the sinks first (chaos.py --cluster; tests/unit/test_write_behind.py).
-            after = e.topic == "summarize"
-            await self.writes.send(self.out_topics[e.topic], sid, e.value, after_previous=after)
+        topics = self.out_topics
+        # A summarize request only once its batches are in: else its summary can reach
+        # the sinks first (chaos.py --cluster; tests/unit/test_write_behind.py).
+        await self.writes.send_all(
+            (topics[e.topic], sid, e.value, e.topic == "summarize") for sid, e in emissions
+        )
 
     async def run(self) -> None:
         """The agent: batches of the actions topic, applied under the state lock."""
@@ -189,6 +190,7 @@ class Accumulator:
         erasure request as it is (the stage forgets the session)."""
         value, offset = message.value, message.offset
         if self.compiled and value is not None:
+            self.store.current(self.app.consumer_generation_id)  # before its ``written``
             done = apply_compiled(
                 value, self.entry, offset, self.limits, now, self.store, message.timestamp
             )

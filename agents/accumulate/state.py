@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast
 
 import msgspec
 import orjson
@@ -30,6 +30,7 @@ from schemas import ActionsPayload
 from schemas.actions import numbered_text
 from schemas.fast import Payload, encode_payload, payload_struct
 from schemas.records import JsonRecord
+from streams.tables import batch_key
 
 if TYPE_CHECKING:
     from agents.pii import PiiFilter
@@ -61,20 +62,22 @@ class BatchStore(Protocol):
 
 
 class MemoryBatchStore:
-    """A :class:`BatchStore` in a dict (tests, tools)."""
+    """A :class:`BatchStore` in a dict (tests, tools), by ``batch_key``; each change kept at
+    once. The compiled transition reads and puts in the same dict (``staged``, ``written``)."""
 
     def __init__(self) -> None:
-        self.batches: dict[tuple[str, int], bytes] = {}
+        self.batches: dict[str, bytes | None] = {}
+        self.staged = self.written = self.batches
 
     def put(self, session_id: str, index: int, body: bytes) -> None:
-        self.batches[(session_id, index)] = body
+        self.batches[batch_key(session_id, index)] = body
 
     def take(self, session_id: str, first: int, end: int) -> list[bytes]:
-        return [self.batches[(session_id, i)] for i in range(first, end)]
+        return [cast(bytes, self.batches[batch_key(session_id, i)]) for i in range(first, end)]
 
     def delete(self, session_id: str, end: int) -> None:
         for i in range(end):
-            self.batches.pop((session_id, i), None)
+            self.batches.pop(batch_key(session_id, i), None)
 
 
 @dataclass
@@ -202,17 +205,27 @@ def _write_batch(
                 ),
             )
         )
-        store.put(chunk.session_id, state.next_batch, body)
+        slot = state.next_batch
         state.next_batch += 1
         state.pending_actions += len(chunk.actions)
         state.pending_bytes += len(body)
-        if state.pending_actions >= limits.threshold:
-            out.append(_summarize_request(state, chunk.session_id, now, store, final=False))
+        if state.pending_actions < limits.threshold:
+            store.put(chunk.session_id, slot, body)
+        else:  # taken at once by its request: never stored (no slot write, no record)
+            out.append(
+                _summarize_request(state, chunk.session_id, now, store, final=False, last=body)
+            )
     return out
 
 
 def _summarize_request(
-    state: SessionState, session_id: str, now: float, store: BatchStore, *, final: bool
+    state: SessionState,
+    session_id: str,
+    now: float,
+    store: BatchStore,
+    *,
+    final: bool,
+    last: bytes | None = None,
 ) -> Emission:
     """Everything after the last summary, sent for summarising.
 
@@ -222,9 +235,13 @@ def _summarize_request(
     range and is skipped downstream, because no overwrite is durable before this
     request is (outputs are acknowledged before table writes; test_session_state.py,
     ``test_a_replay_over_reused_slots_repeats_the_request_it_replays``).
-    A ``final`` request may hold no batches: it still closes the generation.
+    A ``final`` request may hold no batches: it still closes the generation. ``last``:
+    the pending batches' last, which was not put (the request takes it at once).
     """
-    batches = store.take(session_id, state.first_batch, state.next_batch)
+    stored_to = state.next_batch - (last is not None)
+    batches = store.take(session_id, state.first_batch, stored_to)
+    if last is not None:
+        batches.append(last)
     request = {
         "session_id": session_id,
         "product_id": state.product_id,

@@ -9,9 +9,9 @@
 //! The Python transition then handles that payload, so declining is always safe
 //! (tests/unit/test_compiled.py compares the two on generated payloads and entries).
 
-use pyo3::intern;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -126,17 +126,21 @@ type Applied = (
     usize,
 );
 
-/// `apply_payload` for the payload `raw`, on the entry `lookup(session_id)` returns (None:
-/// a new session), with its batches in `store` (a `BatchStore`: `put`, and `take` for a
-/// request). None: declined, nothing looked up or changed.
+/// `apply_payload` for the payload `raw`, on the session's entry (None: a new session),
+/// with its batches under `batch_key(session, slot)`. Read, without a Python call where a
+/// dict holds it: a batch put in `staged` (this change's), then `written` (what the table
+/// is known to hold: a value, or None for a key deleted), then `lookup(key)`. The new
+/// batch is put in `staged`, unless the request it completes takes it at once (then it is
+/// never written, as `TableBatches.take` keeps it). None: declined, nothing changed.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
-#[pyo3(signature = (raw, lookup, store, offset, now, ingested_at, max_actions_per_batch, max_pending_bytes, threshold))]
+#[pyo3(signature = (raw, lookup, written, staged, offset, now, ingested_at, max_actions_per_batch, max_pending_bytes, threshold))]
 pub(crate) fn transition(
     py: Python<'_>,
     raw: &[u8],
     lookup: &Bound<'_, PyAny>,
-    store: &Bound<'_, PyAny>,
+    written: &Bound<'_, PyDict>,
+    staged: &Bound<'_, PyDict>,
     offset: i64,
     now: f64,
     ingested_at: f64,
@@ -163,11 +167,10 @@ pub(crate) fn transition(
         return Ok(None);
     }
     let sid = PyString::new(py, &p.session_id);
-    let found = lookup.call1((&sid,))?;
-    let entry: Option<&[u8]> = if found.is_none() {
-        None
-    } else {
-        Some(found.extract()?)
+    let found = read(written, None, lookup, &sid)?;
+    let entry: Option<&[u8]> = match &found {
+        Some(value) => Some(value.extract()?),
+        None => None,
     };
     let parsed: Option<State> = match entry {
         Some(raw) => match std::str::from_utf8(raw).map(serde_json::from_str) {
@@ -203,18 +206,33 @@ pub(crate) fn transition(
             s.conversation_id = Some(Str(Cow::Borrowed(c)));
         }
         op = Some(PyBytes::new(py, &operation(&p, &s, seq_from, &b.0, now, ingested)).unbind());
-        store.call_method1(
-            intern!(py, "put"),
-            (&sid, s.next_batch, PyBytes::new(py, &b.0)),
-        )?;
+        let slot = s.next_batch;
         s.next_batch += 1;
         s.pending_actions += n as i64;
         s.pending_bytes += size;
-        if s.pending_actions >= threshold {
-            let batches =
-                store.call_method1(intern!(py, "take"), (&sid, s.first_batch, s.next_batch))?;
+        if s.pending_actions < threshold {
+            staged.set_item(batch_key(py, &p.session_id, slot), PyBytes::new(py, &b.0))?;
+        } else {
+            let mut batches = Vec::with_capacity((slot - s.first_batch) as usize);
+            for index in s.first_batch..slot {
+                let key = batch_key(py, &p.session_id, index);
+                match read(written, Some(staged), lookup, &key)? {
+                    Some(body) => batches.push(body),
+                    None => {
+                        let sid: &str = &p.session_id;
+                        return Err(PyRuntimeError::new_err(format!(
+                            "session {sid}: pending batch {index} is missing"
+                        )));
+                    }
+                }
+            }
+            let mut earlier = Vec::with_capacity(batches.len() + 1);
+            for body in &batches {
+                earlier.push(body.downcast::<PyBytes>()?.as_bytes());
+            }
+            earlier.push(&b.0);
             request = Some(
-                PyBytes::new(py, &summarize_request(&p.session_id, &mut s, batches, now)?).unbind(),
+                PyBytes::new(py, &summarize_request(&p.session_id, &mut s, &earlier, now)).unbind(),
             );
         }
     }
@@ -224,12 +242,7 @@ pub(crate) fn transition(
 
 /// `_summarize_request(final=False)`: the request's JSON as orjson writes it, and the
 /// state moved past it (its batches stay in their slots for the next to reuse).
-fn summarize_request(
-    sid: &str,
-    s: &mut State,
-    batches: Bound<'_, PyAny>,
-    now: f64,
-) -> PyResult<Vec<u8>> {
+fn summarize_request(sid: &str, s: &mut State, batches: &[&[u8]], now: f64) -> Vec<u8> {
     let mut r = Out(Vec::with_capacity(4096));
     r.raw("{\"session_id\":");
     r.string(sid);
@@ -242,11 +255,11 @@ fn summarize_request(
     r.raw(",\"seq_to\":");
     r.int(s.next_seq - 1);
     r.raw(",\"batches\":[");
-    for (i, batch) in batches.try_iter()?.enumerate() {
+    for (i, batch) in batches.iter().enumerate() {
         if i > 0 {
             r.raw(",");
         }
-        r.0.extend_from_slice(batch?.downcast::<PyBytes>()?.as_bytes());
+        r.0.extend_from_slice(batch);
     }
     r.raw("],\"final\":false,\"created_at\":");
     r.float(now);
@@ -257,7 +270,36 @@ fn summarize_request(
     s.next_batch = 0;
     s.pending_actions = 0;
     s.pending_bytes = 0;
-    Ok(r.0)
+    r.0
+}
+
+/// `streams.tables.batch_key(session, index)`.
+fn batch_key<'py>(py: Python<'py>, session: &str, index: i64) -> Bound<'py, PyString> {
+    let mut key = String::with_capacity(session.len() + 8);
+    key.push_str(session);
+    key.push('\x1f');
+    key.push_str(itoa::Buffer::new().format(index));
+    PyString::new(py, &key)
+}
+
+/// The value under `key`: from `staged` (if given and not None there), else `written`
+/// (None there: deleted), else `lookup(key)`; None for no value.
+fn read<'py>(
+    written: &Bound<'py, PyDict>,
+    staged: Option<&Bound<'py, PyDict>>,
+    lookup: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if let Some(value) = staged.map(|d| d.get_item(key)).transpose()?.flatten() {
+        if !value.is_none() {
+            return Ok(Some(value));
+        }
+    }
+    let value = match written.get_item(key)? {
+        Some(value) => value,
+        None => lookup.call1((key,))?,
+    };
+    Ok(if value.is_none() { None } else { Some(value) })
 }
 
 /// The `actions_written` operation, as `_write_batch` writes it with orjson.

@@ -240,10 +240,15 @@ class SinkStage:
         # only then may Faust commit past this offset.
         await commit(self.app, lambda: self.acks.done(tracked), writes=writes)
 
-    async def writes_for(self, session_id: str, message: Message, decoded: Any) -> list[Write]:
-        """Step 1 for one input (the destination has it); the writes that make it durable."""
+    def writes_for(self, session_id: str, message: Message, decoded: Any) -> Awaitable[list[Write]]:
+        """Step 1 for one input (the destination has it); the writes that make it durable.
+        Not a coroutine itself: an operation's is awaited without a frame around it."""
         if type(decoded) in _OPERATIONS:  # nearly every input: one lookup, not four isinstance
-            return await self.apply_operation(session_id, message, decoded)
+            return self.apply_operation(session_id, message, decoded)
+        return self._other_writes(session_id, message, decoded)
+
+    async def _other_writes(self, session_id: str, message: Message, decoded: Any) -> list[Write]:
+        """``writes_for`` a re-driven input, an erasure or a link."""
         redriven = isinstance(decoded, Redriven)
         if redriven:
             decoded = decoded.item
@@ -283,9 +288,9 @@ class SinkStage:
         self.count_operation(op.op, outcome)
         if redriven:
             return writes
-        self.end_to_end.observe(max(time.time() - op.emitted_at, 0.0))
+        applied_at = time.time()
+        self.end_to_end.observe(max(applied_at - op.emitted_at, 0.0))
         if outcome == "applied" and isinstance(op, ActionsWritten):
-            applied_at = time.time()
             if op.ingested_at > 0:
                 self.action_age.observe(max(applied_at - op.ingested_at, 0.0))
             if op.acted_at > 0:  # 0: the client sent no timestamp

@@ -21,7 +21,7 @@ import asyncio
 import itertools
 import logging
 import operator
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,9 +86,10 @@ class WriteBehind:
 
     def set(
         self, table: TableT[str, bytes], key: str, value: bytes | None, *, exact: bool = False
-    ) -> None:
+    ) -> bytes | None:
         """Record a write (``None`` deletes); visible to ``get`` at once, applied on completion.
-        ``exact``: ``value`` holds no spare buffer (``native/`` made it), kept as it is."""
+        ``exact``: ``value`` holds no spare buffer (``native/`` made it), kept as it is.
+        Returns the value as held."""
         self._version += 1
         if value is not None and not exact:
             # Held until the unit completes: a compact copy, not orjson's ~4 KiB buffer
@@ -96,6 +97,7 @@ class WriteBehind:
             value = stores.compact(value)
         self._overlay[(id(table), key)] = (value, self._version)
         self._unit.writes.append((table, key, value, self._version))
+        return value
 
     async def send(
         self, topic: str, key: str, value: bytes, *, after_previous: bool = False
@@ -104,10 +106,19 @@ class WriteBehind:
 
         ``after_previous``: produced only once the broker has this unit's (and every
         earlier unit's) other messages, e.g. a summarize request after its batches."""
-        if after_previous:
-            self._unit.deferred.append((topic, key.encode(), value))
-        else:
-            self._unit.acks.append(await self._app.append(topic, key.encode(), value))
+        await self.send_all([(topic, key, value, after_previous)])
+
+    async def send_all(self, records: Iterable[tuple[str, str, bytes, bool]]) -> None:
+        """``send`` each (topic, key, value, after_previous) in order: appended without a
+        coroutine each, awaited only while the producer has no metadata for the topic."""
+        append_keyed = self._app.appender.append_keyed
+        for topic, key, value, after_previous in records:
+            if after_previous:
+                self._unit.deferred.append((topic, key.encode(), value))
+            elif (acked := append_keyed(topic, key.encode(), value)) is not None:
+                self._unit.acks.append(acked)
+            else:
+                self._unit.acks.append(await self._app.append(topic, key.encode(), value))
 
     def track(self, source: Any, record: Any) -> None:
         """``source.ack_all`` the unit's records, in order, when the current unit completes

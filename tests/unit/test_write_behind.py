@@ -35,11 +35,17 @@ class _Acks:
 
 class _App:
     def __init__(self, acks: _Acks) -> None:
-        self.appender = SimpleNamespace(append_all=self._changelog)
+        self.appender = SimpleNamespace(append_all=self._changelog, append_keyed=self._keyed)
         self._acks = acks
         self.may_wait: list[bool] = []  # per changelog append
+        self.no_metadata: set[str] = set()  # topics the producer has no metadata for yet
+        self.produced: list[str] = []  # what went through ``append``'s await
+
+    def _keyed(self, topic: str, key: bytes, value: bytes | None) -> Any:
+        return None if topic in self.no_metadata else self._acks.future(topic, value)
 
     async def append(self, topic: str, key: bytes, value: bytes | None) -> Any:
+        self.produced.append(topic)
         return self._acks.future(topic, value)
 
     def _changelog(
@@ -199,7 +205,85 @@ def test_the_compiled_transitions_bytes_are_kept_as_made_orjsons_copied_compact(
     )
     done = apply_compiled(raw, lambda sid: None, 0, limits, 1.0, batches, None)
     assert done is not None and done.entry is not None
-    put = dict(batches._staged)
+    put = dict(batches.staged)
     batches.commit("s", done.entry, exact=True)
     assert writes.get(table, "s") is done.entry
     assert [writes.get(table, key) is body for key, body in put.items()] == [True]
+
+
+def test_the_compiled_transition_reads_what_this_worker_wrote_until_a_rebalance() -> None:
+    """``TableBatches.written``: the entries and batches this worker wrote, read by the
+    compiled transition without a call through the write-behind; deletions remembered as
+    such, the oldest let go past ``kept``, all of it forgotten at a new generation (a
+    partition may come back with another worker's writes restored)."""
+    limits = Limits(threshold=3, max_actions_per_batch=100)
+    if not compiled_for(limits):
+        pytest.skip("native/ not built")
+    writes = WriteBehind(cast(Any, _App(_Acks())), on_error=_fail)
+    table = _table(_Store())
+    batches = TableBatches(table, writes, kept=4)
+    batches.current(1)
+
+    def payload(sid: str, title: str) -> bytes:
+        action = {"title": title, "type": "click"}
+        return orjson.dumps({"product_id": "p", "session_id": sid, "actions": [action]})
+
+    def no_lookup(key: str) -> bytes | None:
+        raise AssertionError(f"{key!r} looked up, not read from what was written")
+
+    steps = [payload("s", "one"), payload("s", "two"), payload("s", "three")]
+    for offset, raw in enumerate(steps):
+        lookup = (lambda key: None) if offset == 0 else no_lookup  # a new session first
+        done = apply_compiled(raw, lookup, offset, limits, 1.0, batches, None)
+        assert done is not None and done.entry is not None
+        batches.commit("s", done.entry, exact=True)
+    # The third batch completed a request with the two before it, read from ``written``,
+    # and was never stored: taken at once.
+    assert [e.topic for e in done.out] == ["context", "summarize"]
+    request = orjson.loads(done.out[1].value)
+    assert [b["actions"][0]["title"] for b in request["batches"]] == ["one", "two", "three"]
+    assert batches.written == {
+        "s\x1f0": writes.get(table, "s\x1f0"),
+        "s\x1f1": writes.get(table, "s\x1f1"),
+        "s": done.entry,
+    }
+
+    batches.delete("s", 2)  # the session closed: its slots deleted, its entry too
+    batches.commit("s", None)
+    assert list(batches.written.items())[-3:] == [("s", None), ("s\x1f0", None), ("s\x1f1", None)]
+    fresh = apply_compiled(payload("s", "again"), no_lookup, 9, limits, 2.0, batches, None)
+    assert fresh is not None and not fresh.existed  # a deleted entry is a new session
+    batches.discard()
+
+    for n in range(3):  # past ``kept``: the keys written longest ago go first
+        batches.commit(f"t{n}", b"{}")
+    assert list(batches.written) == ["s\x1f1", "t0", "t1", "t2"]
+
+    looked_up: list[str] = []
+    batches.current(1)
+    assert len(batches.written) == 4  # the same generation: kept
+    batches.current(2)  # a rebalance: what this worker wrote may no longer be the table's
+    assert batches.written == {}
+    apply_compiled(
+        payload("s", "later"), lambda k: looked_up.append(k), 10, limits, 3.0, batches, None
+    )
+    assert looked_up == ["s"]
+
+
+async def test_records_are_appended_in_order_and_awaited_only_without_metadata() -> None:
+    """``send_all``: appended without a coroutine each; a topic the producer has no
+    metadata for yet goes through ``append``, which produces it; a deferred record waits."""
+    acks = _Acks()
+    app = _App(acks)
+    app.no_metadata = {"new"}
+    writes = WriteBehind(cast(Any, app), on_error=_fail)
+    await writes.send_all(
+        [
+            ("context", "s", b"1", False),
+            ("new", "s", b"2", False),
+            ("summarize", "s", b"3", True),
+            ("context", "t", b"4", False),
+        ]
+    )
+    assert app.produced == ["new"]
+    assert acks.appended == [("context", b"1"), ("new", b"2"), ("context", b"4")]
