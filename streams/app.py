@@ -148,6 +148,9 @@ class ContextApp(FaustApp):
                 log.exception("shutdown hook %r raised", hook)
         await super().on_shutdown()
 
+    def fetch_wait(self) -> tuple[int, int]:
+        return self.settings.fetch_min_bytes, self.settings.fetch_max_wait_ms
+
     def stop_grace_s(self) -> float | None:
         # Bounded on a stop only (a test's destination went away under a sink, which
         # then never stopped); rebalances keep Faust's unbounded wait.

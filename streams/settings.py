@@ -143,6 +143,10 @@ class Settings(BaseSettings):
     # Bytes fetched per partition per request: a fetch's records are decoded and buffered
     # at once, so this and batch_buffer bound what a worker holds (docs/decisions.md).
     fetch_partition_bytes: int = Field(default=256 * 1024, ge=1024)
+    # A fetch waits at the broker until it has this many bytes or for this long: a worker's
+    # rounds, not its records, cost its CPU at a steady rate (docs/decisions.md, "fetch wait").
+    fetch_min_bytes: int = Field(default=64 * 1024, ge=1)
+    fetch_max_wait_ms: int = Field(default=10, ge=1, le=1500)
     # A session's message in progress this long is reported (a log warning and
     # ac_lane_items_stalled): a destination or LLM that retries for ever, or a hang.
     stall_warning_s: float = Field(default=60.0, gt=0)

@@ -17,7 +17,7 @@ from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
 from faust.types import ConsumerT, ProducerT
 
 from streams._faust import divert, produce
-from streams._faust.consumer import MainLoopConsumer
+from streams._faust.consumer import MainLoopConsumer, ThreadConsumer
 
 __all__ = ["FaustApp"]
 
@@ -36,6 +36,11 @@ class FaustApp(faust.App):
         """How long a stop waits for messages in progress; ``None``: as long as Faust does."""
         return None
 
+    def fetch_wait(self) -> tuple[int, int] | None:
+        """(bytes, ms): a fetch waits at the broker for that many bytes or that long;
+        ``None``: Faust's (1 byte, 1,500 ms)."""
+        return None
+
     async def abandon_in_progress(self, waited_s: float) -> None:
         """A stop's grace period ended with messages still in progress: cancel them."""
 
@@ -45,8 +50,8 @@ class FaustApp(faust.App):
 
     def _new_consumer(self) -> ConsumerT:
         # The transport builds the consumer from its ``Consumer`` class.
-        if self.consumer_on_loop():
-            cast(Any, self.transport).Consumer = MainLoopConsumer
+        on_loop = self.consumer_on_loop()
+        cast(Any, self.transport).Consumer = MainLoopConsumer if on_loop else ThreadConsumer
         return super()._new_consumer()
 
     def _new_producer(self) -> ProducerT:
