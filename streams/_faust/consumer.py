@@ -31,20 +31,40 @@ from faust.types.tuples import ack_lock
 from mode.utils.futures import maybe_async, notify
 from mode.utils.times import Seconds, want_seconds
 
-__all__ = ["MainLoopConsumer", "ThreadConsumer", "ack_all", "committed_offset", "track_all"]
+__all__ = [
+    "MainLoopConsumer",
+    "ThreadConsumer",
+    "ack_all",
+    "committed_offset",
+    "track_all",
+    "wait_while_busy",
+]
 
 
 class _ConsumerThread(AIOKafkaConsumerThread):
-    """Faust's consumer "thread", its fetches waiting at the broker as the app says."""
+    """Faust's consumer "thread", its fetches waiting at the broker while records come."""
 
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        # Faust passes neither (aiokafka's 1 byte, Faust's 1,500 ms): each record's arrival
-        # was a round of the worker's, 2.5x its CPU at 5,000 actions/s (docs/decisions.md).
-        consumer = super()._create_worker_consumer(transport)
+    async def on_start(self) -> None:
+        await super().on_start()  # the consumer made and started, with Faust's fetch wait
         wait = cast(Any, self.app).fetch_wait()  # streams._faust.app_base.FaustApp
         if wait is not None:
-            consumer._fetch_min_bytes, consumer._fetch_max_wait_ms = wait
-        return consumer
+            wait_while_busy(cast(Any, self)._consumer._fetcher, wait)
+
+
+def wait_while_busy(fetcher: Any, busy: tuple[int, int]) -> None:
+    """After a fetch that brought records, the next waits at the broker for ``busy`` (bytes,
+    ms); after one that brought none, as the consumer was made to (Faust: 1 byte, up to
+    1,500 ms). Faust's alone made each arrival a round of the worker's, 2.5x its CPU at
+    5,000 actions/s; ``busy`` alone polled an idle worker every 10 ms (docs/decisions.md)."""
+    idle = fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms
+    fetch = fetcher._proc_fetch_request  # aiokafka's, bound: true if records were added
+
+    async def fetched(assignment: Any, node_id: int, request: Any) -> bool:
+        got = await fetch(assignment, node_id, request)
+        fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms = busy if got else idle
+        return bool(got)
+
+    fetcher._proc_fetch_request = fetched  # the fetch routine's next requests are built so
 
 
 class ThreadConsumer(Consumer):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,8 +19,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faust.types import TP
 
+from streams._faust import consumer as consumer_module
 from streams._faust import divert
+from streams.app import create_app
+from streams.settings import Settings
 from tests.support.kafka_io import scratch_topic
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -119,3 +124,46 @@ async def test_a_delivered_batch_is_not_fetched_again(
     assert records is not None
     assert [r.value for r in records[TP(topic, STREAM)]] == [b"x"]
     assert await kafka.position(TopicPartition(topic, STREAM)) == 1  # not sought back
+
+
+async def test_a_fetch_waits_at_the_broker_while_records_come_and_not_when_idle(
+    kafka_bootstrap: str, topic: str, kafka: AIOKafkaConsumer, tmp_path: Path
+) -> None:
+    """``wait_while_busy`` on a real fetcher: the request after records waits for the
+    settings' bytes or time (a round per ~10 ms of arrivals, not per record); the one after
+    an empty fetch blocks as Faust's did, for up to 1.5 s (no polling when idle). A worker's
+    consumer gets it when it starts, on the loop or in Faust's thread."""
+    fetcher = kafka._fetcher
+    idle, busy = (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms), (64 * 1024, 10)
+    consumer_module.wait_while_busy(fetcher, busy)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"x", partition=STREAM)
+    finally:
+        await producer.stop()
+    records = await kafka.getmany(timeout_ms=20_000)
+    assert [r.value for r in records[TopicPartition(topic, STREAM)]] == [b"x"]
+    assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == busy
+    # Nothing more comes: the busy request returns empty after 10 ms, the next is idle.
+    await wait_for(lambda: (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == idle)
+
+    for on_loop in (True, False):
+        app = create_app(
+            Settings(
+                data_dir=tmp_path,
+                kafka_bootstrap_servers=kafka_bootstrap,
+                consumer_thread=not on_loop,
+            ),
+            role="sink-null",
+        )
+        thread: Any = app.consumer._thread
+        if not on_loop:
+            thread.thread_loop.close()  # made for Faust's thread; on_start runs here instead
+            thread.thread_loop = asyncio.get_running_loop()
+        await thread.on_start()
+        try:
+            started = thread._consumer._fetcher
+            assert started._proc_fetch_request.__qualname__.startswith("wait_while_busy")
+        finally:
+            await thread._consumer.stop()

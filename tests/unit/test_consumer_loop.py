@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from streams.app import create_app
@@ -124,23 +125,35 @@ async def test_a_fetch_takes_at_most_the_configured_bytes_per_partition(tmp_path
         assert kafka_consumer._max_partition_fetch_bytes == expected
 
 
-async def test_a_fetch_waits_at_the_broker_for_the_configured_bytes_or_time(
-    tmp_path: Path,
-) -> None:
-    """Faust's consumer fetched with aiokafka's 1 byte: at a steady rate every arrival was a
-    round of the worker's (2.5x its CPU at 5,000 actions/s, docs/decisions.md); on the
-    loop or in Faust's thread, the fetch waits as the settings say."""
-    loop = asyncio.get_running_loop()
+async def test_a_fetch_after_records_waits_at_the_broker_one_after_none_as_before() -> None:
+    """Faust's fetch (1 byte, up to 1,500 ms) made each arrival a round of the worker's at a
+    steady rate (2.5x its CPU at 5,000 actions/s, docs/decisions.md); the settings' wait
+    alone polled an idle worker every 10 ms. Each next request is built from these."""
+    from streams._faust.consumer import wait_while_busy
+
+    brought = iter([True, True, False, True, False])
+
+    async def proc_fetch_request(assignment: Any, node_id: int, request: Any) -> bool:
+        return next(brought)
+
+    fetcher = SimpleNamespace(
+        _fetch_min_bytes=1, _fetch_max_wait_ms=1500, _proc_fetch_request=proc_fetch_request
+    )
+    wait_while_busy(fetcher, (64 * 1024, 10))
+    waits = []
+    for _ in range(5):
+        await fetcher._proc_fetch_request(None, 0, None)
+        waits.append((fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms))
+    busy, idle = (64 * 1024, 10), (1, 1500)
+    assert waits == [busy, busy, idle, busy, idle]
+
+
+def test_the_fetch_wait_is_the_settings(tmp_path: Path) -> None:
     for settings, expected in (
         (Settings(data_dir=tmp_path), (64 * 1024, 10)),
         (Settings(data_dir=tmp_path, fetch_min_bytes=1, fetch_max_wait_ms=500), (1, 500)),
-        (Settings(data_dir=tmp_path, consumer_thread=True), (64 * 1024, 10)),
     ):
-        app = create_app(settings, role="sink-null")
-        kafka_consumer = app.consumer._thread._create_consumer(loop)
-        assert (kafka_consumer._fetch_min_bytes, kafka_consumer._fetch_max_wait_ms) == expected
-        if settings.consumer_thread:
-            app.consumer._thread.thread_loop.close()  # made for the thread, never started
+        assert create_app(settings, role="sink-null").fetch_wait() == expected
 
 
 async def test_a_sources_records_are_tracked_past_fausts_sensors(tmp_path: Path) -> None:
