@@ -36,9 +36,10 @@ def oversized(state: bytes, out: list[Emission]) -> str | None:
     return None
 
 
-# Keys whose last write this worker remembers: ~2x the default workload's (5,000 sessions,
-# an entry and ~5 slots each); ~25 MB at most beside a RocksDB store (--mode memory).
-WRITTEN_KEPT = 65_536
+# Keys whose last write this worker remembers, cleared when more: ~the default workload's
+# (5,000 sessions, an entry and ~6 slots each). With a RocksDB store ~18 MB at most beside it
+# (the memory store holds the same objects); an LRU's upkeep cost more than it saved.
+WRITTEN_KEPT = 32_768
 
 
 class TableBatches:
@@ -48,8 +49,8 @@ class TableBatches:
     its transition ran must leave the store as it was (``discard``). ``commit`` writes
     them around the session's entry in crash-safe order (``streams._faust.commit``).
 
-    ``written`` holds the value of each key this worker wrote last (None: deleted), the
-    ``kept`` written most recently: the compiled transition reads entries and batches
+    ``written`` holds the value of each key this worker wrote last (None: deleted), up to
+    ``kept`` keys, then starts again: the compiled transition reads entries and batches
     there without a call through the write-behind and the store (``staged`` it fills
     itself). This worker is the table's only writer while it keeps its partitions, so
     ``current`` lets go of it all when the consumer group's generation changes (a
@@ -102,16 +103,13 @@ class TableBatches:
             if body is None:
                 deleted.append(key)
             else:
-                written.pop(key, None)  # newest last: the oldest go first below
                 written[key] = writes.set(table, key, body, exact=exact)
-        written.pop(session_id, None)
         written[session_id] = writes.set(table, session_id, entry, exact=exact)
         for key in deleted:
-            written.pop(key, None)
             written[key] = writes.set(table, key, None)
         self.staged.clear()
-        while len(written) > self._kept:
-            del written[next(iter(written))]
+        if len(written) > self._kept:
+            written.clear()
 
     def discard(self) -> None:
         self.staged.clear()

@@ -214,8 +214,8 @@ def test_the_compiled_transitions_bytes_are_kept_as_made_orjsons_copied_compact(
 def test_the_compiled_transition_reads_what_this_worker_wrote_until_a_rebalance() -> None:
     """``TableBatches.written``: the entries and batches this worker wrote, read by the
     compiled transition without a call through the write-behind; deletions remembered as
-    such, the oldest let go past ``kept``, all of it forgotten at a new generation (a
-    partition may come back with another worker's writes restored)."""
+    such, all of it forgotten past ``kept`` keys and at a new generation (a partition may
+    come back with another worker's writes restored)."""
     limits = Limits(threshold=3, max_actions_per_batch=100)
     if not compiled_for(limits):
         pytest.skip("native/ not built")
@@ -250,18 +250,21 @@ def test_the_compiled_transition_reads_what_this_worker_wrote_until_a_rebalance(
 
     batches.delete("s", 2)  # the session closed: its slots deleted, its entry too
     batches.commit("s", None)
-    assert list(batches.written.items())[-3:] == [("s", None), ("s\x1f0", None), ("s\x1f1", None)]
+    assert batches.written == dict.fromkeys(["s", "s\x1f0", "s\x1f1"])
     fresh = apply_compiled(payload("s", "again"), no_lookup, 9, limits, 2.0, batches, None)
     assert fresh is not None and not fresh.existed  # a deleted entry is a new session
     batches.discard()
 
-    for n in range(3):  # past ``kept``: the keys written longest ago go first
-        batches.commit(f"t{n}", b"{}")
-    assert list(batches.written) == ["s\x1f1", "t0", "t1", "t2"]
+    batches.commit("t0", b"{}")  # the fourth key: ``kept``
+    assert list(batches.written) == ["s\x1f0", "s", "s\x1f1", "t0"]
+    batches.commit("t1", b"{}")  # past ``kept``: all of it forgotten, what comes next kept
+    assert batches.written == {}
+    batches.commit("t2", b"{}")
+    assert list(batches.written) == ["t2"]
 
     looked_up: list[str] = []
     batches.current(1)
-    assert len(batches.written) == 4  # the same generation: kept
+    assert list(batches.written) == ["t2"]  # the same generation: kept
     batches.current(2)  # a rebalance: what this worker wrote may no longer be the table's
     assert batches.written == {}
     apply_compiled(
