@@ -75,6 +75,16 @@ async def kafka(kafka_bootstrap: str, topic: str) -> AsyncIterator[AIOKafkaConsu
         await consumer.stop()
 
 
+async def produce(bootstrap: str, topic: str, partition: int, *values: bytes) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(topic, value, partition=partition)
+    finally:
+        await producer.stop()
+
+
 async def test_records_handed_out_while_a_rebalance_pauses_everything_are_fetched_again(
     kafka_bootstrap: str, topic: str, kafka: AIOKafkaConsumer
 ) -> None:
@@ -84,13 +94,7 @@ async def test_records_handed_out_while_a_rebalance_pauses_everything_are_fetche
     consumer.flow_active = False  # Faust's stop_flow() ...
     consumer.active.clear()  # ... and pause_partitions(assignment)
     # Recovery has positioned the changelog partition; its records arrive.
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        for value in (b"a", b"b", b"c"):
-            await producer.send_and_wait(topic, value, partition=CHANGELOG)
-    finally:
-        await producer.stop()
+    await produce(kafka_bootstrap, topic, CHANGELOG, b"a", b"b", b"c")
 
     records, _ = await waiting
     # aiokafka reads an empty set of partitions as "all of them": it handed out the
@@ -113,12 +117,7 @@ async def test_a_delivered_batch_is_not_fetched_again(
     kafka_bootstrap: str, topic: str, kafka: AIOKafkaConsumer
 ) -> None:
     consumer = FetchingConsumer(kafka, active={TP(topic, STREAM), TP(topic, CHANGELOG)})
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, b"x", partition=STREAM)
-    finally:
-        await producer.stop()
+    await produce(kafka_bootstrap, topic, STREAM, b"x")
 
     records, _ = await divert._wait_next_records(consumer, 20.0)  # type: ignore[arg-type]
     assert records is not None
@@ -136,12 +135,7 @@ async def test_a_fetch_waits_at_the_broker_while_records_come_and_not_when_idle(
     fetcher = kafka._fetcher
     idle, busy = (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms), (64 * 1024, 10)
     consumer_module.wait_while_busy(fetcher, busy)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    await producer.start()
-    try:
-        await producer.send_and_wait(topic, b"x", partition=STREAM)
-    finally:
-        await producer.stop()
+    await produce(kafka_bootstrap, topic, STREAM, b"x")
     records = await kafka.getmany(timeout_ms=20_000)
     assert [r.value for r in records[TopicPartition(topic, STREAM)]] == [b"x"]
     assert (fetcher._fetch_min_bytes, fetcher._fetch_max_wait_ms) == busy
