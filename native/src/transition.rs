@@ -130,8 +130,8 @@ type Applied = (
 /// with its batches under `batch_key(session, slot)`. Read, without a Python call where a
 /// dict holds it: a batch put in `staged` (this change's), then `written` (what the table
 /// is known to hold: a value, or None for a key deleted), then `lookup(key)`. The new
-/// batch is put in `staged`, unless the request it completes takes it at once (then it is
-/// never written, as `TableBatches.take` keeps it). None: declined, nothing changed.
+/// batch is put in `staged`, unless the request it completes takes it at once: then it is
+/// never written (the Python transition does the same). None: declined, nothing changed.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (raw, lookup, written, staged, offset, now, ingested_at, max_actions_per_batch, max_pending_bytes, threshold))]

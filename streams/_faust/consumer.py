@@ -14,6 +14,10 @@ loop, so code that blocked the loop longer than the session timeout would get
 the worker dropped from its group. Nothing in these workers blocks the loop;
 ``AC_CONSUMER_THREAD=true`` restores Faust's thread.
 
+On the loop or in the thread, :func:`wait_while_busy` makes a fetch that follows records
+wait at the broker (``AC_FETCH_MIN_BYTES``, ``AC_FETCH_MAX_WAIT_MS``), through two of
+aiokafka's fetcher attributes and its ``_proc_fetch_request``.
+
 :func:`track_all` and :func:`ack_all` are the consumer's tracking and acknowledgement of a
 fetched partition's records, and of a unit's, at once.
 """
