@@ -16,6 +16,7 @@ from typing import Protocol
 
 from agents.accumulate.state import Emission, Limits, Transition
 from streams.native import native as _native  # None: not built, the Python transition does it all
+from streams.topics import MESSAGE_MAX_BYTES
 
 __all__ = ["Lookup", "apply_compiled", "compiled_for"]
 
@@ -47,7 +48,7 @@ def apply_compiled(
 ) -> Transition | None:
     """``apply_payload`` for the payload ``raw`` on its session's entry: ``store.written``'s,
     else ``lookup(session)``'s, as each batch it reads; None when declined: nothing was
-    changed, the Python path takes the payload."""
+    changed, the Python path takes the payload (and refuses one over the message limit)."""
     assert _native is not None  # compiled_for said so
     done = _native.transition(
         raw,
@@ -60,6 +61,7 @@ def apply_compiled(
         limits.max_actions_per_batch,
         limits.max_pending_bytes,
         limits.threshold,
+        MESSAGE_MAX_BYTES,  # past it declined, for the Python path's size guard to refuse
     )
     if done is None:
         return None

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agents.accumulate.batches import oversized
 from agents.accumulate.compiled import apply_compiled, compiled_for
 from agents.accumulate.state import (
     Emission,
@@ -231,3 +232,17 @@ def test_an_erase_request_is_declined_for_the_stage(event: str) -> None:
     raw = orjson.dumps({"type": event, "session_id": "s1"})
     done = apply_compiled(raw, lambda sid: None, 0, SERVICE, 1.0, MemoryBatchStore(), None)
     assert (done is None) == (event == "erase")
+
+
+@pytest.mark.parametrize("chars", [100, 450_000, 520_000, 900_000])
+def test_a_payload_over_the_message_limit_is_declined_for_the_size_guard(chars: int) -> None:
+    """The stage checks the sizes only of what the Python path applied (``oversized``):
+    the compiled path declines, staging nothing, exactly what the guard would refuse."""
+    raw = orjson.dumps({"session_id": "s1", "actions": [{"type": "x", "description": "y" * chars}]})
+    compiled_store, python_store = MemoryBatchStore(), MemoryBatchStore()
+    done = apply_compiled(raw, lambda sid: None, 0, SERVICE, 1.0, compiled_store, None)
+    expected = python_step((raw, 0, 1.0, None), None, python_store, SERVICE)
+    assert not isinstance(expected, str) and expected[0] is not None
+    refused = oversized(expected[0], expected[1])
+    assert (done is None) == (refused is not None), refused
+    assert compiled_store.batches == ({} if done is None else python_store.batches)
