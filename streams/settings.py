@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     # Sessions whose context a sink keeps decoded (~9 KiB each at the bench's defaults); a
     # live session beyond them is decoded from the table per operation (~25 µs more).
     sink_context_cache: int = Field(default=10_000, ge=1)
+    # Sessions whose summary state the summarize stage keeps decoded (~5 KiB each at the
+    # bench's defaults); beyond them a request decodes its session's state (~6 µs more).
+    summary_state_cache: int = Field(default=10_000, ge=1)
     # The accumulator's compiled transition (native/, where built): off, every payload takes
     # the Python one, which writes the same bytes (agents/accumulate/compiled.py). Kafka's
     # partitioner, exact either way, is compiled whenever native/ is built (streams/partitions.py).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Generic, TypeVar, cast
@@ -250,9 +251,11 @@ class DecodedEntries(Generic[R]):
     longest ago go first. tests/unit/test_session_state.py proves it.
     """
 
-    def __init__(self, decode: Callable[[bytes], R], limit: int = 4096) -> None:
+    def __init__(self, decode: Callable[[bytes], R], limit: int = 10_000) -> None:
         self._decode, self._limit = decode, limit
-        self._kept: dict[str, tuple[bytes, R]] = {}
+        # Ordered: a dict's first key, once others were taken out, is found by a walk past
+        # their slots (3.6 against 1.0 µs a request with 50,000 sessions; decisions.md).
+        self._kept: OrderedDict[str, tuple[bytes, R]] = OrderedDict()
 
     def take(self, key: str, raw: bytes | None) -> R | None:
         """The record ``raw`` holds: kept if ``raw`` is what it was saved as, else decoded."""
@@ -268,4 +271,4 @@ class DecodedEntries(Generic[R]):
         kept = self._kept
         kept[key] = (raw, record)
         if len(kept) > self._limit:
-            del kept[next(iter(kept))]
+            kept.popitem(last=False)

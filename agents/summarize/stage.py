@@ -34,7 +34,7 @@ from schemas import ActionsPayload, SessionErased
 from schemas.fast import Request
 from streams._faust import changelog, stores
 from streams._faust.batch_source import BatchSource
-from streams._faust.commit import Write, commit
+from streams._faust.commit import Commits, Write
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter, from_message
 from streams.lanes import InOrderAcks, Lanes, feed_lanes
@@ -73,7 +73,7 @@ class SummarizeStage:
         self.compiled_requests = metrics.COMPILED_REQUESTS.labels()
         self.table = session_table(app, "summaries")
         # Each session's state kept decoded between its requests: 5.7 µs a decode (decisions.md).
-        self.decoded = DecodedEntries(SummaryState.from_bytes)
+        self.decoded = DecodedEntries(SummaryState.from_bytes, settings.summary_state_cache)
         self.accounting = Accounting(
             settings.llm_prices, settings.llm_daily_token_budget, settings.llm_product_budgets
         )
@@ -87,6 +87,7 @@ class SummarizeStage:
         app.manage_lanes(self.lanes, "summarize")
         # Lanes finish out of order; Faust must see acks in offset order (see InOrderAcks).
         self.acks = InOrderAcks()
+        self.commits = Commits(app)  # what lanes finishing together make durable at once
         self.source = BatchSource(app, topics.summarize, max_buffered=settings.batch_buffer)
 
     async def run(self) -> None:
@@ -223,7 +224,7 @@ class SummarizeStage:
         ticket, taken = item
         acks, table = self.acks, self.table
         if isinstance(taken, SessionErased):  # the summary state goes, whatever it held
-            await commit(self.app, lambda: acks.done(ticket), writes=[(table, session_id, None)])
+            await self.commits.commit(lambda: acks.done(ticket), writes=[(table, session_id, None)])
             return
         request, read = taken
         state = self.load(session_id, request.generation)
@@ -252,7 +253,7 @@ class SummarizeStage:
         value = stores.compact(state.to_bytes())  # kept: a copy, not orjson's buffer
         self.decoded.keep(session_id, value, state)
         writes: list[Write] = [(table, session_id, value)]
-        await commit(self.app, lambda: acks.done(ticket), outputs=outputs, writes=writes)
+        await self.commits.commit(lambda: acks.done(ticket), outputs=outputs, writes=writes)
 
     async def forget_closed(self) -> None:
         """Timer: closed records go, and only on partitions read to their end: no

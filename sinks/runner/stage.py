@@ -60,7 +60,7 @@ from sinks.runner.messages import (
     pull_view,
 )
 from streams._faust.batch_source import BatchSource
-from streams._faust.commit import Write, commit
+from streams._faust.commit import Commits, Write
 from streams._faust.write_behind import WriteBehind
 from streams.app import ContextApp
 from streams.dead_letters import DeadLetterWriter
@@ -108,6 +108,7 @@ class SinkStage:
         self.event_age = metrics.ACTION_EVENT_AGE_AT_SINK.labels(sink.name)
         self.operations_counted: dict[tuple[str, str], Any] = {}
         self.acks = InOrderAcks()  # lanes finish out of order; Faust must see acks in order
+        self.commits = Commits(app)
         self.lanes: Lanes[LaneItem] = Lanes(
             self.handle,
             max_pending=settings.max_in_flight_requests,
@@ -238,7 +239,7 @@ class SinkStage:
         self.lanes.mark(session_id, "waiting for its changelog records")
         # Step 1 (the destination has it) is done; the context is made durable, and
         # only then may Faust commit past this offset.
-        await commit(self.app, lambda: self.acks.done(tracked), writes=writes)
+        await self.commits.commit(lambda: self.acks.done(tracked), writes=writes)
 
     def writes_for(self, session_id: str, message: Message, decoded: Any) -> Awaitable[list[Write]]:
         """Step 1 for one input (the destination has it); the writes that make it durable.
