@@ -59,6 +59,7 @@ class Commits:
         self._app = app
         self._due: list[tuple[Sequence[Write], Callable[[], Awaitable[Any]]]] = []
         self._done: asyncio.Future[None] | None = None  # the due inputs' steps 3-5
+        self._running: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
 
     async def commit(
         self,
@@ -80,6 +81,8 @@ class Commits:
         due, done, self._due, self._done = self._due, self._done, [], None
         assert done is not None
         task = asyncio.create_task(self._durable(due), name="commits")
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
         task.add_done_callback(lambda t: _settle(done, t))
 
     async def _durable(self, due: list[tuple[Sequence[Write], Any]]) -> None:
