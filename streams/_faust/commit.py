@@ -52,7 +52,8 @@ class Commits:
     Lanes whose outputs the same broker round acknowledged resume in one turn of the
     event loop; their steps 3 to 5 are taken once for all of them, at the end of that
     turn: one changelog append and one confirmation instead of one each (the summarize
-    stage's per-request commit was 4.2% of a pipeline worker by py-spy).
+    stage's per-request commit was 4.2% of a pipeline worker by py-spy). Each input is
+    acknowledged only after that append is confirmed (tests/unit/test_commits.py).
     """
 
     def __init__(self, app: Any) -> None:
