@@ -7,6 +7,7 @@
   latency: p50/p99 from produce to application at the sink, at a fixed offered rate
   The default mode ends with one line for scripts:
   RATIOS c/b=<x> c/d=<y> cpu_pipeline/sdk=<z> cpu_sink/sdk=<w>
+  [--repeat N]: N runs, each target met in how many, and the medians' RATIOS line last
   --mode latency [--repeat N]: only the latency; with N runs, how many met p99 < 100 ms
   --mode summarizer: 2,000 sessions, an LLM that takes 500 ms: summaries per second
   --mode accumulate: the pipeline worker alone on a backlog, to durable and summarised,
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # also as `python 
 import orjson
 
 from scripts.bench import measure
-from scripts.bench.default import run_default
+from scripts.bench.default import run_default, summary
 from scripts.bench.latency import run_latency
 from scripts.bench.memory import run_memory
 from scripts.bench.sink import run_sink
@@ -68,7 +69,9 @@ async def run_mode(args: argparse.Namespace) -> None:
         return await run_accumulate(args, payloads, raw, actions)
     if args.mode == "sink":
         return await run_sink(args, payloads, actions)
-    return await run_default(args, payloads, raw, actions)
+    runs = [await run_default(args, payloads, raw, actions) for _ in range(args.repeat)]
+    if len(runs) > 1:
+        print("\n".join(summary(runs)))
 
 
 def loops(value: str) -> str:
@@ -97,7 +100,9 @@ def parser() -> argparse.ArgumentParser:
     add("--generator", choices=["aiokafka", "rdkafka"], default="aiokafka",
         help="--mode latency: the load generator's Kafka client")  # fmt: skip
     add("--repeat", type=int, default=1,
-        help="--mode latency, accumulate or sink: runs, each on fresh topics")  # fmt: skip
+        help="the default mode, --mode latency, accumulate or sink: runs, each on fresh "
+        "topics; the default mode then prints each target met in how many runs and the "
+        "medians' RATIOS line")  # fmt: skip
     add("--sink", default="null", help="--mode sink: the sink (AC_SINK) to run")
     add("--tree", type=trees, default=[Path(__file__).resolve().parents[2]],
         help="--mode sink: checkouts to run the sink worker from, alternated (A,B)")  # fmt: skip

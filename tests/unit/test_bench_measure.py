@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scripts.bench.__main__ import parser
+from scripts.bench.default import Ratios, summary
 from scripts.bench.measure import machine_shares, machine_ticks, poll_interval, spy_command
 from scripts.bench.throughput import changelog_bytes
 
@@ -61,3 +62,22 @@ def test_a_profile_pauses_the_worker_for_each_sample_at_the_rate_asked() -> None
         100,
         1000,
     ]
+
+
+def test_repeated_runs_count_each_target_met_and_end_with_the_medians() -> None:
+    """``python -m scripts.bench --repeat N``: one run proves little, so each target is
+    counted over the runs, and the last line, for scripts, holds the medians."""
+    runs = [
+        Ratios(0.91, 1.53, 0.98, 0.73),
+        Ratios(0.91, 1.30, 0.97, 0.78),
+        Ratios(0.86, math.nan, 1.03, 0.49),  # (d) left out of one run
+    ]
+    lines = summary(runs)
+    assert lines[:4] == [
+        "c/b >= 1.0: met in 0 of 3 runs (0.91, 0.91, 0.86)",
+        "c/d >= 1.5: met in 1 of 3 runs (1.53, 1.30, nan)",
+        "cpu_pipeline/sdk <= 1.0: met in 2 of 3 runs (0.98, 0.97, 1.03)",
+        "cpu_sink/sdk <= 0.5: met in 1 of 3 runs (0.73, 0.78, 0.49)",
+    ]
+    assert lines[-1] == "RATIOS c/b=0.91 c/d=1.42 cpu_pipeline/sdk=0.98 cpu_sink/sdk=0.73"
+    assert summary(runs[:1])[-1] == runs[0].line()
