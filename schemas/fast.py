@@ -35,12 +35,14 @@ __all__ = [
     "Action",
     "Payload",
     "Request",
+    "WrittenHeader",
     "built",
     "decode_context_message",
     "decode_payload",
     "decode_request",
     "encode_payload",
     "exact_request",
+    "header_model",
     "payload_model",
     "payload_of",
     "payload_struct",
@@ -262,6 +264,11 @@ _HeaderStruct: Any = struct_of(
     ActionsWritten, "HeaderStruct", "actions_written", forbid=True, payload=msgspec.Raw
 )
 _header_decoder = msgspec.json.Decoder(_HeaderStruct | _SummaryStruct | _ErasedStruct)  # type: ignore[valid-type]
+# An ``actions_written`` as a sink that delivers nothing reads it: the header's fields, valid.
+if TYPE_CHECKING:
+    WrittenHeader = Any
+else:
+    WrittenHeader = _HeaderStruct
 
 
 class _UnreadPayload(ActionsWritten):
@@ -279,19 +286,26 @@ _NAMES = {
 
 
 def decode_context_message(
-    raw: bytes, *, payload: bool = True
-) -> ActionsWritten | SummaryReady | SessionErased:
+    raw: bytes, *, payload: bool = True, header: bool = False
+) -> ActionsWritten | SummaryReady | SessionErased | WrittenHeader:
     """An operation on ``context``, equal to ``context_message_adapter``'s validation of it.
     ``payload=False`` (a sink that does not read it): an ``actions_written``'s payload may
     be any JSON value, neither parsed nor checked, and is None: a third of the decode.
+    ``header`` (with ``payload=False``): such an ``actions_written`` as the
+    :data:`WrittenHeader` Struct msgspec decoded, its fields the model's (no model built;
+    :func:`header_model` builds it), where the fast path takes it.
 
     What our stages wrote is decoded with msgspec; anything it does not take as is (a
     null for a default, an unknown op, a constraint of the models) goes to pydantic,
     which either takes it or says why not (tests/unit/test_fast_decode.py)."""
     try:
-        found = _fast_message((_message_decoder if payload else _header_decoder).decode(raw))
+        struct = (_message_decoder if payload else _header_decoder).decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
         found = None
+    else:
+        if header and type(struct) is _HeaderStruct and _valid_range(struct):
+            return struct  # type: ignore[no-any-return]
+        found = _fast_message(struct)
     if found is not None:
         return found
     try:
@@ -308,17 +322,30 @@ def decode_context_message(
     return validated
 
 
+def _valid_range(struct: Any) -> bool:
+    """SeqRange's bounds and order."""
+    return bool(1 <= struct.seq_from <= struct.seq_to and struct.generation >= 0)
+
+
+def header_model(header: WrittenHeader) -> ActionsWritten:
+    """The model of a :data:`WrittenHeader` (``decode_context_message(..., header=True)``),
+    its payload None: what ``payload=False`` gives for the same bytes."""
+    fields = asdict(header)
+    fields["op"], fields["payload"] = "actions_written", None  # not read: not checked
+    return built(ActionsWritten, fields, _NAMES[ActionsWritten])
+
+
 def _fast_message(struct: Any) -> ActionsWritten | SummaryReady | SessionErased | None:
     """The model of a decoded Struct, or None where pydantic would change or refuse it."""
-    fields = asdict(struct)
     if isinstance(struct, _ErasedStruct):
+        fields = asdict(struct)
         fields["op"] = "session_erased"
         return built(SessionErased, fields, _NAMES[SessionErased])
-    if not 1 <= struct.seq_from <= struct.seq_to or struct.generation < 0:
+    if not _valid_range(struct):
         return None
     if isinstance(struct, _HeaderStruct):
-        fields["op"], fields["payload"] = "actions_written", None  # not read: not checked
-        return built(ActionsWritten, fields, _NAMES[ActionsWritten])
+        return header_model(struct)
+    fields = asdict(struct)
     if isinstance(struct, _WrittenStruct):
         if not _exact(struct.payload):
             return None  # refused by ActionsPayload's validators

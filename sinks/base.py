@@ -23,7 +23,9 @@ The lifecycle, in one sink worker (``sinks/runner/``):
    each fetched batch is then applied in order in one task and committed once.
    A sink that never reads an ``ActionsWritten``'s ``payload`` sets
    ``reads_payload = False`` (null, stdout, files, intercom): it is then None, neither
-   parsed nor checked.
+   parsed nor checked. A sink that delivers nothing sets ``delivers = False`` (null:
+   agents read the pull view): ``apply`` is never called, the runner only keeps the
+   contexts, and a batch right after the session's last costs neither model nor context.
 4. ``await link(session_id, conversation_id, context)``, only for a
    :class:`LinkAwareSink`, in the same per-session order as the operations.
 5. ``await erase(session_id, context)`` on an erasure request: remove what the
@@ -90,6 +92,9 @@ class Sink(ABC):
     # False for a sink that never reads ``ActionsWritten.payload`` (its header and
     # ``text`` suffice): left None, unparsed, two thirds of decoding's cost (test_fast_decode.py).
     reads_payload: bool = True
+    # False for a sink that delivers nothing (null: agents read the pull view): the runner
+    # keeps its contexts without calling ``apply`` (ContextStore.append; implies ``inline``).
+    delivers: bool = True
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Self:

@@ -14,6 +14,10 @@ writes what an operation changed, in one of three ways:
 3. Anything else (the sink's ``extra``, a gap in the numbers): the new batches in the
    next slots, then the header.
 
+A sink that delivers nothing (``Sink.delivers``: the null sink, whose agents read the pull
+view) takes way 1 through ``append``, from the operation's header alone: no model, no context
+built per batch; the batches are added to the cached context when it is next loaded.
+
 Each save's writes are in crash-safe order (slots, the header that lists them, then
 deletions), and they are logged in the order they were made (``streams._faust.commit``):
 a slot is overwritten only after the header that let go of it.
@@ -109,30 +113,81 @@ class ContextStore:
         self._cache_size = cache_size
         self._decoded = decoded or (lambda: None)
         self._generation: int | None = None
+        # Batches ``append`` stored after a cached context's, added to it by ``load``.
+        self._appended: dict[str, list[Batch]] = {}
 
     def get(self, session_id: str) -> bytes | None:
         """The session's stored header, or None: with the writes still pending, so the
         pull view finds a context as soon as it is applied, as ``load`` does."""
         return self._get(self._table, session_id)
 
-    def load(self, session_id: str) -> SessionContext:
+    def _current(self) -> None:
+        """Called before the cache is read: dropped when the consumer group's generation
+        changed (a partition may come back with another worker's writes)."""
         if self._generation != self._app.consumer_generation_id:
             self._cache.clear()
             self._nested.clear()
+            self._appended.clear()
             self._generation = self._app.consumer_generation_id
+
+    def load(self, session_id: str) -> SessionContext:
+        self._current()
         cached = self._cache.get(session_id)
         if cached is None:
             cached = self._read(session_id)
             self._remember(*cached)
         else:
             self._cache.move_to_end(session_id)
+            if (appended := self._appended.pop(session_id, None)) is not None:
+                context = msgspec.structs.replace(
+                    cached[0],
+                    actions_to=appended[-1].seq_to,
+                    batches=[*cached[0].batches, *appended],
+                )
+                cached = self._cache[session_id] = (context, cached[1])
         return cached[0]
+
+    def append(
+        self, session_id: str, generation: int, seq_from: int, seq_to: int, text: str
+    ) -> Write | None:
+        """Way 1 from an ``actions_written``'s header alone, for a sink that delivers
+        nothing: its batch's slot record, when it is the batch right after the cached
+        context's last, of its generation, and not the session's first (which writes the
+        header); else None, and the caller takes ``load``, ``advanced`` and ``save``. The
+        same records and the same loaded context as they (test_context_append.py)."""
+        self._current()
+        cached = self._cache.get(session_id)
+        if cached is None:
+            return None
+        context, layout = cached
+        appended = self._appended.get(session_id)
+        actions_to = appended[-1].seq_to if appended else context.actions_to
+        if (
+            seq_from != actions_to + 1
+            or generation != context.generation
+            or not actions_to
+            or context.closed
+            or layout.legacy
+        ):
+            return None
+        slot = len(context.batches) + (len(appended) if appended else 0) - layout.inline
+        batch = Batch(seq_from=seq_from, seq_to=seq_to, text=text)
+        if appended is None:
+            self._appended[session_id] = [batch]
+        else:
+            appended.append(batch)
+        if slot >= layout.used:
+            self._cache[session_id] = (context, _Layout(layout.inline, slot + 1))
+        self._cache.move_to_end(session_id)
+        value = _encode_slot(_Slot(seq_from, seq_to, text, generation))
+        return self._table, _slot_key(session_id, slot), value
 
     def _remember(self, context: SessionContext, layout: _Layout) -> None:
         self._cache[context.session_id] = (context, layout)
         if len(self._cache) > self._cache_size:
             gone, _ = self._cache.popitem(last=False)
             self._forget_nested(gone)
+            self._appended.pop(gone, None)  # stored: a later load reads them back
 
     def _layout(self, context: SessionContext) -> _Layout:
         """How ``context`` is stored: known if it is the one cached, else read (the cache

@@ -1,4 +1,5 @@
-"""Null sink: applies nothing. For benchmarks, and to run the pipeline without a destination."""
+"""Null sink: delivers nothing. Agents read the pull view (``GET /sessions/{id}/context``),
+which its worker keeps; for benchmarks, and to run the pipeline without a destination."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ class NullSink(Sink):
     name = "null"
     inline = True
     reads_payload = False
+    delivers = False
 
     async def apply(self, op: Operation, context: SessionContext) -> None:
         return None

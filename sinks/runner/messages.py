@@ -9,7 +9,7 @@ from msgspec import to_builtins
 from msgspec.structs import asdict
 
 from schemas import InvalidMessage, SessionErased, SessionLink, decode
-from schemas.fast import decode_context_message
+from schemas.fast import WrittenHeader, decode_context_message
 from sinks.base import Operation
 from sinks.context import SessionContext
 
@@ -39,12 +39,15 @@ def decode_redriven(raw: bytes | None, *, payload: bool = True) -> Redriven:
         return Redriven(decode(SessionLink, raw))
 
 
-def decode_operation(raw: bytes | None, *, payload: bool = True) -> Operation | SessionErased:
+def decode_operation(
+    raw: bytes | None, *, payload: bool = True, header: bool = False
+) -> Operation | SessionErased | WrittenHeader:
     """``payload=False``: an ``actions_written``'s payload neither parsed nor checked, left
-    None (``Sink.reads_payload``)."""
+    None (``Sink.reads_payload``); ``header`` too: such an operation as its header Struct
+    (``Sink.delivers`` False: no model built for it)."""
     if raw is None:
         raise InvalidMessage("empty message (no value)")
-    return decode_context_message(raw, payload=payload)
+    return decode_context_message(raw, payload=payload, header=header and not payload)
 
 
 def pull_view(context: SessionContext) -> dict[str, Any]:

@@ -7,6 +7,10 @@ high-water marks that make redeliveries no-ops, is committed with the event
 (``streams._faust.commit``: the destination has it, the context is durable, then
 the event is acknowledged).
 
+A sink that delivers nothing (``Sink.delivers``: null, whose agents read the pull view)
+is never called: its contexts are kept, and a batch right after the session's last is
+stored from its header alone (``append_written``), no model or context built for it.
+
 Dead letters of this sink come back on its own re-drive topic
 (``redrive.sink-<name>``, fed by ``agent-context dead-letters redrive``), into
 the same lanes: a refused operation is applied again once, other sinks never
@@ -41,6 +45,7 @@ from schemas import (
     SummaryReady,
     decode,
 )
+from schemas.fast import WrittenHeader, header_model
 from sinks.base import (
     ContextSink,
     LinkAwareSink,
@@ -80,6 +85,7 @@ RETRY_MAX_WAIT_S = 30.0
 # cheap since their commits are pipelined (python -m scripts.bench --mode latency).
 INLINE_BATCH_MAX = 64
 _OPERATIONS = frozenset({ActionsWritten, SummaryReady})  # what decode_operation returns
+_BATCHES = (ActionsWritten, WrittenHeader)  # not a union built per call: 3% of a null sink
 
 
 class SinkStage:
@@ -93,7 +99,8 @@ class SinkStage:
         self.dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
         # An inline sink's writes are made durable behind it (feed_inline); its loads see them.
         self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
-        self.inline = getattr(sink, "inline", False)
+        self.delivers = getattr(sink, "delivers", True)
+        self.inline = getattr(sink, "inline", False) or not self.delivers
         self.reads_payload = getattr(sink, "reads_payload", True)  # a plug-in may read it
         self.store = ContextStore(
             app,
@@ -131,13 +138,15 @@ class SinkStage:
         self.inline_lock = asyncio.Lock()  # feed_inline: one batch at a time
 
     async def run_sink(self) -> None:
+        await self.app.routable(self.contexts)  # the pull view routes by the changelog
         try:
             await start_sink(self.sink)
         except Exception as exc:  # a sink that cannot start must not consume
             await self.app.crash_on_lane_error(f"(setup of sink {self.sink.name})", exc)
         self.app.at_shutdown(lambda: stop_sink(self.sink))
         self.started.set()
-        await self.feed(self.operations, partial(decode_operation, payload=self.reads_payload))
+        decoder = partial(decode_operation, payload=self.reads_payload, header=not self.delivers)
+        await self.feed(self.operations, decoder)
 
     async def run_links(self) -> None:
         await self.started.wait()
@@ -174,6 +183,11 @@ class SinkStage:
                     except InvalidMessage as exc:
                         await self.dead_letters.write(message, exc.reason)
                         continue
+                    if type(decoded) is WrittenHeader:  # a sink that delivers nothing
+                        if (appended := self.append_written(decoded)) is not None:
+                            writes.set(*appended)
+                            continue
+                        decoded = header_model(decoded)
                     try:
                         done = await self.writes_for(decoded.session_id, message, decoded)
                     except Exception as exc:  # a bug, as in a lane: exit, nothing acked
@@ -265,6 +279,28 @@ class SinkStage:
             writes = await self.apply_operation(session_id, message, decoded, redriven=redriven)
         return writes
 
+    def append_written(self, header: WrittenHeader) -> Write | None:
+        """A batch for a sink that delivers nothing, right after the session's last: its
+        slot record alone, without a model or a context built (``ContextStore.append``);
+        None: ``apply_operation`` takes it (test_context_append.py)."""
+        write = self.store.append(
+            header.session_id, header.generation, header.seq_from, header.seq_to, header.text
+        )
+        if write is not None:
+            self.count_operation("actions_written", "applied")
+            self.observe_ages(header, applied=True)
+        return write
+
+    def observe_ages(self, op: Operation | WrittenHeader, *, applied: bool) -> None:
+        """The end-to-end latency, and for a batch applied its actions' ages."""
+        applied_at = time.time()
+        self.end_to_end.observe(max(applied_at - op.emitted_at, 0.0))
+        if applied and isinstance(op, _BATCHES):
+            if op.ingested_at > 0:
+                self.action_age.observe(max(applied_at - op.ingested_at, 0.0))
+            if op.acted_at > 0:  # 0: the client sent no timestamp
+                self.event_age.observe(max(applied_at - op.acted_at, 0.0))
+
     async def apply_operation(
         self, session_id: str, message: Message, op: Operation, *, redriven: bool = False
     ) -> list[Write]:
@@ -278,7 +314,8 @@ class SinkStage:
         outcome = "redriven" if redriven else "applied"
         self.lanes.mark(session_id, f"delivering {op.op}")
         try:
-            await self.deliver(sink.apply, op, context)
+            if self.delivers:
+                await self.deliver(sink.apply, op, context)
         except PermanentSinkError as exc:
             outcome = "refused"
             await self.dead_letters.write(message, f"{sink.name} refused {op.op}: {exc}")
@@ -287,15 +324,8 @@ class SinkStage:
             context.refused = refused[-REFUSED_KEPT:]
         writes = store.save(before, context)
         self.count_operation(op.op, outcome)
-        if redriven:
-            return writes
-        applied_at = time.time()
-        self.end_to_end.observe(max(applied_at - op.emitted_at, 0.0))
-        if outcome == "applied" and isinstance(op, ActionsWritten):
-            if op.ingested_at > 0:
-                self.action_age.observe(max(applied_at - op.ingested_at, 0.0))
-            if op.acted_at > 0:  # 0: the client sent no timestamp
-                self.event_age.observe(max(applied_at - op.acted_at, 0.0))
+        if not redriven:
+            self.observe_ages(op, applied=outcome == "applied")
         return writes
 
     async def apply_link(self, session_id: str, message: Message, link: SessionLink) -> list[Write]:

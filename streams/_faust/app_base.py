@@ -8,18 +8,21 @@ that does not wait for ever for messages in progress.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import Any, cast
 
 import faust
 from aiokafka import AIOKafkaProducer
 from faust.transport.drivers.aiokafka import Producer as AiokafkaProducer
-from faust.types import ConsumerT, ProducerT
+from faust.types import ConsumerT, ProducerT, TableT
 
 from streams._faust import divert, produce
 from streams._faust.consumer import MainLoopConsumer, ThreadConsumer
 
 __all__ = ["FaustApp"]
+
+log = logging.getLogger(__name__)
 
 divert.apply()  # Faust 0.15: no records lost or reordered around seeks (see the module)
 produce.apply()  # aiokafka 0.14: a produce request's batches copied once, not six times
@@ -43,6 +46,18 @@ class FaustApp(faust.App):
 
     async def abandon_in_progress(self, waited_s: float) -> None:
         """A stop's grace period ended with messages still in progress: cancel them."""
+
+    async def routable(self, table: TableT[Any, Any]) -> None:
+        """Faust's table router (``table_route``) hashes a key with the producer's metadata
+        for the table's changelog, which a worker that has not written to it lacks: every
+        routed request failed (a TypeError, a 500) until its first write, so a restarted
+        sink's pull view never answered while idle. Fetched once here, as the worker
+        starts (tests/integration/test_null_sink.py)."""
+        topic = table.changelog_topic.get_topic_name()
+        try:
+            await self.aiokafka_producer().partitions_for(topic)
+        except Exception as exc:  # the first write fetches it too: a warning, not a stop
+            log.warning("no metadata for %s yet (%r): routed pages wait for a write", topic, exc)
 
     def aiokafka_producer(self) -> AIOKafkaProducer:
         """The producer's aiokafka client, for paths that skip Faust's ``Producer.send``."""

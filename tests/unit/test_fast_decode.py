@@ -9,9 +9,11 @@ from hypothesis import strategies as st
 
 from schemas import ActionsPayload, ActionsWritten, InvalidMessage, context_message_adapter
 from schemas.fast import (
+    WrittenHeader,
     decode_context_message,
     decode_payload,
     encode_payload,
+    header_model,
     payload_of,
     payload_struct,
 )
@@ -128,8 +130,9 @@ def _same(raw: bytes) -> None:
     try:
         unread = _unread(raw)
     except ValueError:
-        with pytest.raises(InvalidMessage, match="invalid context operation"):
-            decode_context_message(raw, payload=False)
+        for header in (False, True):
+            with pytest.raises(InvalidMessage, match="invalid context operation"):
+                decode_context_message(raw, payload=False, header=header)
         return
     header = decode_context_message(raw, payload=False)
     assert type(header) is type(unread)
@@ -138,6 +141,13 @@ def _same(raw: bytes) -> None:
         assert header.model_copy(update={"payload": unread.payload}) == unread
     else:
         assert header == unread
+    # A sink that delivers nothing: the same operation, an actions_written as its header.
+    struct = decode_context_message(raw, payload=False, header=True)
+    if isinstance(struct, WrittenHeader):
+        assert header_model(struct) == header
+        assert header_model(struct).model_dump() == header.model_dump()
+    else:
+        assert struct == header
 
 
 def test_the_pipelines_operations_decode_to_the_models_pydantic_validated() -> None:
