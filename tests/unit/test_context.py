@@ -15,6 +15,8 @@ from schemas import ActionsPayload, ActionsWritten, SummaryReady
 from schemas.ledger import SessionLedger
 from sinks.context import SessionContext, Skip
 from sinks.context_store import ContextStore
+from tests.support.tables import DictTable as _Table
+from tests.support.tables import apply_writes as _apply
 
 
 def written(a: int, b: int, generation: int = 0) -> ActionsWritten:
@@ -142,18 +144,6 @@ def test_a_transition_is_a_copy_with_the_sinks_bookkeeping_its_own() -> None:
         ctx = after
 
 
-class _Table:
-    """A table as ``streams._faust.stores.read`` sees one that is neither store it knows."""
-
-    data = None
-
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-
-    def get(self, key: str) -> bytes | None:
-        return self.values.get(key)
-
-
 def test_a_saved_context_loads_back_with_the_ledger_it_had_then() -> None:
     """The header's ledger is dumped once per ledger (``ContextStore._nested_json``), and
     what is stored is always the context's own: each save, loaded by a fresh store."""
@@ -184,14 +174,6 @@ def test_an_erased_context_is_not_loaded_before_its_tombstones_are_in() -> None:
         table.values[key] = value
     store.erase(store.load("s"))  # its tombstones not in the table yet
     assert store.load("s") == SessionContext(session_id="s")
-
-
-def _apply(table: _Table, writes: list[Any]) -> None:
-    for _, key, value in writes:
-        if value is None:
-            table.values.pop(key, None)
-        else:
-            table.values[key] = value
 
 
 def test_a_batch_after_the_last_is_saved_alone_and_loaded_by_walking_on() -> None:

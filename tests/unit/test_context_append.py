@@ -15,23 +15,7 @@ from hypothesis import strategies as st
 from schemas import ActionsWritten, SummaryReady
 from sinks.context import SessionContext, Skip
 from sinks.context_store import ContextStore
-
-
-class _Table:
-    data = None
-
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-
-    def get(self, key: str) -> bytes | None:
-        return self.values.get(key)
-
-    def apply(self, writes: list[Any]) -> None:
-        for _, key, value in writes:
-            if value is None:
-                self.values.pop(key, None)
-            else:
-                self.values[key] = value
+from tests.support.tables import DictTable, apply_writes
 
 
 def _written(sid: str, a: int, b: int, generation: int) -> ActionsWritten:
@@ -54,22 +38,22 @@ class _Run:
 
     def __init__(self, cache_size: int) -> None:
         self.app = SimpleNamespace(consumer_generation_id=1)
-        self.tables = _Table(), _Table()
+        self.tables = DictTable(), DictTable()
         self.stores = [
             ContextStore(cast(Any, self.app), cast(Any, table), cache_size=cache_size)
             for table in self.tables
         ]
         self.appended = 0
 
-    def general(self, store: ContextStore, table: _Table, op: Any) -> None:
+    def general(self, store: ContextStore, table: DictTable, op: Any) -> None:
         if op == "erase":
-            return table.apply(store.erase(store.load("s")))
+            return apply_writes(table, store.erase(store.load("s")))
         before = store.load(op.session_id)
         try:
             after = before.advanced(op)
         except Skip:
             return None
-        table.apply(store.save(before, after))
+        apply_writes(table, store.save(before, after))
 
     def step(self, op: Any) -> None:
         self.general(self.stores[0], self.tables[0], op)
@@ -78,7 +62,7 @@ class _Run:
             write = store.append(op.session_id, op.generation, op.seq_from, op.seq_to, op.text)
             if write is not None:
                 self.appended += 1
-                return table.apply([write])
+                return apply_writes(table, [write])
         self.general(store, table, op)
 
     def check(self) -> None:
