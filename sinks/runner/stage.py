@@ -30,12 +30,6 @@ from typing import Any
 import msgspec
 from faust.types import Message
 from faust.web import Request, Response, View
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    retry_if_not_exception_type,
-    wait_exponential_jitter,
-)
 
 from schemas import (
     ActionsWritten,
@@ -57,6 +51,7 @@ from sinks.base import (
 )
 from sinks.context import REFUSED_KEPT, SessionContext, Skip, refused_key
 from sinks.context_store import ContextStore
+from sinks.runner.delivery import Delivery
 from sinks.runner.messages import (
     LaneItem,
     Redriven,
@@ -79,8 +74,6 @@ __all__ = ["SinkStage"]
 
 log = logging.getLogger(__name__)
 
-FIRST_RETRY_DELAY_S = 0.2
-RETRY_MAX_WAIT_S = 30.0
 # An operation waits for the rest of its batch (~90 us each): small batches for latency,
 # cheap since their commits are pipelined (python -m scripts.bench --mode latency).
 INLINE_BATCH_MAX = 64
@@ -136,6 +129,7 @@ class SinkStage:
         self.redriven = BatchSource(app, redrive, max_buffered=buffered)
         self.started = asyncio.Event()  # the sink's setup() ran: operations may flow
         self.inline_lock = asyncio.Lock()  # feed_inline: one batch at a time
+        self.deliver = Delivery(sink.name)  # a destination's call, retried until taken
 
     async def run_sink(self) -> None:
         await self.app.routable(self.contexts)  # the pull view routes by the changelog
@@ -213,39 +207,6 @@ class SinkStage:
                 self.sink.name, op, outcome
             )
         counter.inc()
-
-    def log_retry(self, state: RetryCallState) -> None:
-        metrics.SINK_RETRIES.labels(self.sink.name).inc()
-        error = state.outcome.exception() if state.outcome else None
-        log.warning(
-            "sink %s: attempt %d failed (%s: %s); retrying in %.1fs",
-            self.sink.name,
-            state.attempt_number,
-            type(error).__name__,
-            error,
-            state.next_action.sleep if state.next_action else 0.0,
-        )
-
-    async def deliver(self, call: Callable[..., Awaitable[None]], *args: Any) -> None:
-        """``call(*args)``, retried until the destination takes it; order is kept because
-        the lane waits."""
-        try:
-            await call(*args)  # the common case, without the retry machinery's cost per call
-            return
-        except PermanentSinkError:
-            raise
-        except Exception as exc:
-            log.warning("sink %s: %s: %s; retrying", self.sink.name, type(exc).__name__, exc)
-            metrics.SINK_RETRIES.labels(self.sink.name).inc()
-            await asyncio.sleep(FIRST_RETRY_DELAY_S)  # a backoff: the loop starts with an attempt
-        async for attempt in AsyncRetrying(
-            retry=retry_if_not_exception_type(PermanentSinkError),
-            wait=wait_exponential_jitter(initial=0.2, max=RETRY_MAX_WAIT_S),
-            before_sleep=self.log_retry,
-            reraise=True,
-        ):
-            with attempt:
-                await call(*args)
 
     async def handle(self, session_id: str, item: LaneItem) -> None:
         tracked, decoded = item
