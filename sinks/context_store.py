@@ -38,6 +38,7 @@ from faust.types import TableT
 from msgspec.structs import asdict
 
 from sinks.context import Batch, SessionContext
+from sinks.context_legacy import legacy_batches
 from streams._faust import stores
 from streams._faust.commit import Write
 from streams.app import ContextApp
@@ -219,8 +220,11 @@ class ContextStore:
             return SessionContext(session_id=session_id), _FRESH
         self._decoded()
         header = orjson.loads(raw)
-        if "slots" not in header:
-            return self._read_legacy(session_id, header)
+        if "slots" not in header:  # stored before slots: sinks/context_legacy.py
+            table = self._table
+            batches = legacy_batches(lambda key: self._get(table, key), session_id, header)
+            legacy = tuple(b.seq_from for b in batches)
+            return self._context(header, batches), _Layout(len(batches), 0, legacy)
         batches = [Batch(**fields) for fields in header.pop("inline")]
         listed, used = header.pop("slots"), header.pop("slots_used")
         generation, inline = header["generation"], len(batches)
@@ -239,28 +243,6 @@ class ContextStore:
             next_seq, slot = max(next_seq, batch.seq_to + 1), slot + 1
         header["actions_to"] = next_seq - 1
         return self._context(header, batches), _Layout(inline, max(used, slot))
-
-    def _read_legacy(
-        self, session_id: str, header: dict[str, Any]
-    ) -> tuple[SessionContext, _Layout]:
-        """A header stored before slots: batches under ``batch_key(session, seq_from)``
-        from its ``first_batch``; they move inline at the next save, which deletes them."""
-        stored_to, generation = header["actions_to"], header["generation"]
-        seq = header.pop("first_batch", 0) or stored_to + 1
-        batches = []
-        while (stored := self._get(self._table, batch_key(session_id, seq))) is not None:
-            fields = orjson.loads(stored)
-            # Past the header's range only a batch of its generation, written by save()
-            # alone: a stale one (a crash before its tombstone) ends the window there.
-            if fields.pop("generation", None if seq > stored_to else generation) != generation:
-                break
-            batch = Batch(**fields)
-            batches.append(batch)
-            seq = batch.seq_to + 1
-        if batches:
-            header["actions_to"] = max(stored_to, batches[-1].seq_to)
-        legacy = tuple(b.seq_from for b in batches)
-        return self._context(header, batches), _Layout(len(batches), 0, legacy)
 
     @staticmethod
     def _context(header: dict[str, Any], batches: list[Batch]) -> SessionContext:
