@@ -35,6 +35,7 @@ __all__ = [
     "Action",
     "Payload",
     "Request",
+    "SummaryStruct",
     "WrittenHeader",
     "built",
     "decode_context_message",
@@ -82,7 +83,10 @@ def struct_of(
             fields.append((field_name, kind))
         else:
             fields.append((field_name, kind, field.default))
-    options: dict[str, Any] = {"tag_field": "op", "tag": tag} if tag else {}
+    # Tagged: ``op`` read as the models' is (a class attribute, not a field).
+    options: dict[str, Any] = (
+        {"tag_field": "op", "tag": tag, "namespace": {"op": tag}} if tag else {}
+    )
     return msgspec.defstruct(name, fields, kw_only=True, forbid_unknown_fields=forbid, **options)
 
 
@@ -264,11 +268,13 @@ _HeaderStruct: Any = struct_of(
     ActionsWritten, "HeaderStruct", "actions_written", forbid=True, payload=msgspec.Raw
 )
 _header_decoder = msgspec.json.Decoder(_HeaderStruct | _SummaryStruct | _ErasedStruct)  # type: ignore[valid-type]
-# An ``actions_written`` as a sink that delivers nothing reads it: the header's fields, valid.
+# The operations as a sink that delivers nothing reads them, valid: an ``actions_written``'s
+# header fields, a ``summary_ready`` whole (its usage the plain value pydantic checked).
 if TYPE_CHECKING:
     WrittenHeader = Any
+    SummaryStruct = Any
 else:
-    WrittenHeader = _HeaderStruct
+    WrittenHeader, SummaryStruct = _HeaderStruct, _SummaryStruct
 
 
 class _UnreadPayload(ActionsWritten):
@@ -292,8 +298,9 @@ def decode_context_message(
     ``payload=False`` (a sink that does not read it): an ``actions_written``'s payload may
     be any JSON value, neither parsed nor checked, and is None: a third of the decode.
     ``header`` (with ``payload=False``): such an ``actions_written`` as the
-    :data:`WrittenHeader` Struct msgspec decoded, its fields the model's (no model built;
-    :func:`header_model` builds it), where the fast path takes it.
+    :data:`WrittenHeader` Struct msgspec decoded and a ``summary_ready`` as its
+    :data:`SummaryStruct`, their fields the model's (no model built; :func:`header_model`
+    builds it), where the fast path takes them.
 
     What our stages wrote is decoded with msgspec; anything it does not take as is (a
     null for a default, an unknown op, a constraint of the models) goes to pydantic,
@@ -303,8 +310,9 @@ def decode_context_message(
     except (msgspec.ValidationError, msgspec.DecodeError):
         found = None
     else:
-        if header and type(struct) is _HeaderStruct and _valid_range(struct):
-            return struct  # type: ignore[no-any-return]
+        if header and type(struct) is not _ErasedStruct and _valid_range(struct):
+            if type(struct) is _HeaderStruct or _valid_usage(struct):
+                return struct  # type: ignore[no-any-return]
         found = _fast_message(struct)
     if found is not None:
         return found
@@ -327,9 +335,21 @@ def _valid_range(struct: Any) -> bool:
     return bool(1 <= struct.seq_from <= struct.seq_to and struct.generation >= 0)
 
 
-def header_model(header: WrittenHeader) -> ActionsWritten:
-    """The model of a :data:`WrittenHeader` (``decode_context_message(..., header=True)``),
-    its payload None: what ``payload=False`` gives for the same bytes."""
+def _valid_usage(struct: Any) -> bool:
+    """Whether pydantic takes a decoded summary's usage (None: the offline summarizer)."""
+    try:
+        return struct.usage is None or bool(SummaryUsage.model_validate(struct.usage))
+    except ValueError:
+        return False
+
+
+def header_model(header: WrittenHeader | SummaryStruct) -> ActionsWritten | SummaryReady:
+    """The model of what ``decode_context_message(..., header=True)`` gave as a Struct: what
+    ``payload=False`` gives for the same bytes (an ``actions_written``'s payload None)."""
+    if type(header) is _SummaryStruct:
+        model = _fast_message(header)
+        assert isinstance(model, SummaryReady)  # decode_context_message checked it
+        return model
     fields = asdict(header)
     fields["op"], fields["payload"] = "actions_written", None  # not read: not checked
     return built(ActionsWritten, fields, _NAMES[ActionsWritten])

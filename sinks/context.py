@@ -106,7 +106,7 @@ class SessionContext(msgspec.Struct, kw_only=True):
                 refused=self.refused,
                 previous=earlier if self.actions_to else self.previous,
             )
-        if isinstance(op, ActionsWritten):
+        if op.op == "actions_written":
             if op.seq_to <= base.actions_to:
                 raise Skip(f"actions up to {op.seq_to} applied already")
             batch = Batch(seq_from=op.seq_from, seq_to=op.seq_to, text=op.text)

@@ -35,7 +35,6 @@ from typing import Any, NamedTuple
 import msgspec
 import orjson
 from faust.types import TableT
-from msgspec.structs import asdict
 
 from sinks.context import Batch, SessionContext
 from sinks.context_legacy import legacy_batches
@@ -73,7 +72,19 @@ class _Slot(msgspec.Struct, gc=False):
     generation: int
 
 
-_encode_slot = msgspec.json.Encoder().encode
+_encode = _encode_slot = msgspec.json.Encoder().encode
+
+# A header's record: the context's fields but its batches, in their order, then where its
+# batches are; encoded by msgspec from the values, its nested JSON as Raw (the bytes orjson
+# wrote from a dict of them, but a float's exponent without "+": test_context.py's golden file).
+_HEADER_FIELDS = tuple(name for name in SessionContext.__struct_fields__ if name != "batches")
+_HeaderRecord = msgspec.defstruct(
+    "_HeaderRecord",
+    [(name, Any) for name in (*_HEADER_FIELDS, "inline", "slots", "slots_used")],
+    gc=False,
+)
+_header_values = operator.attrgetter(*_HEADER_FIELDS)
+_NESTED_AT = tuple(_HEADER_FIELDS.index(name) for name in _NESTED)
 
 
 def _slot_key(session_id: str, slot: int) -> str:
@@ -110,7 +121,7 @@ class ContextStore:
         self._cache: OrderedDict[str, tuple[SessionContext, _Layout]] = OrderedDict()
         # The JSON of a cached context's ledger and earlier visit, by session: they change
         # once per summary, and dumping them per operation was 9% of a sink (py-spy).
-        self._nested: dict[tuple[str, str], tuple[Any, orjson.Fragment]] = {}
+        self._nested: dict[tuple[str, str], tuple[Any, msgspec.Raw]] = {}
         self._cache_size = cache_size
         self._decoded = decoded or (lambda: None)
         self._generation: int | None = None
@@ -202,7 +213,7 @@ class ContextStore:
         for name in _NESTED:
             self._nested.pop((session_id, name), None)
 
-    def _nested_json(self, session_id: str, name: str, value: Any) -> orjson.Fragment:
+    def _nested_json(self, session_id: str, name: str, value: Any) -> msgspec.Raw:
         """``value``'s JSON, dumped again only when it is another object (contexts are
         immutable: an unchanged ledger is the same object in the next context)."""
         cached = self._nested.get((session_id, name))
@@ -210,7 +221,7 @@ class ContextStore:
             return cached[1]
         # msgspec writes the numbers orjson writes (an exponent without its "+"): 1.8 µs
         # against 10.4 a ledger when it was a pydantic model (test_context.py's golden file).
-        dumped = orjson.Fragment(msgspec.json.encode(value))
+        dumped = msgspec.Raw(_encode(value))
         self._nested[(session_id, name)] = (value, dumped)
         return dumped
 
@@ -285,16 +296,13 @@ class ContextStore:
         return writes
 
     def _header(self, context: SessionContext, layout: _Layout) -> bytes:
-        sid = context.session_id
-        header = asdict(context)
-        del header["batches"]
-        for name in _NESTED:
-            if header[name] is not None:
-                header[name] = self._nested_json(sid, name, header[name])
-        header["inline"] = [asdict(b) for b in context.batches[: layout.inline]]
-        header["slots"] = len(context.batches) - layout.inline
-        header["slots_used"] = layout.used
-        return orjson.dumps(header)
+        values = list(_header_values(context))
+        for name, at in zip(_NESTED, _NESTED_AT, strict=True):
+            if values[at] is not None:
+                values[at] = self._nested_json(context.session_id, name, values[at])
+        batches = context.batches
+        inline = batches[: layout.inline]
+        return _encode(_HeaderRecord(*values, inline, len(batches) - layout.inline, layout.used))
 
     def erase(self, context: SessionContext) -> list[Write]:
         """Tombstones for every slot the session used, its header: nothing stays."""

@@ -9,7 +9,8 @@ the event is acknowledged).
 
 A sink that delivers nothing (``Sink.delivers``: null, whose agents read the pull view)
 is never called: its contexts are kept, and a batch right after the session's last is
-stored from its header alone (``append_written``), no model or context built for it.
+stored from its header alone (``append_written``), no model or context built for it; a
+summary is applied as the Struct msgspec decoded (``schemas.fast.SummaryStruct``).
 
 Dead letters of this sink come back on its own re-drive topic
 (``redrive.sink-<name>``, fed by ``agent-context dead-letters redrive``), into
@@ -39,7 +40,7 @@ from schemas import (
     SummaryReady,
     decode,
 )
-from schemas.fast import WrittenHeader, header_model
+from schemas.fast import SummaryStruct, WrittenHeader, header_model
 from sinks.base import (
     ContextSink,
     LinkAwareSink,
@@ -77,7 +78,8 @@ log = logging.getLogger(__name__)
 # An operation waits for the rest of its batch (~90 us each): small batches for latency,
 # cheap since their commits are pipelined (python -m scripts.bench --mode latency).
 INLINE_BATCH_MAX = 64
-_OPERATIONS = frozenset({ActionsWritten, SummaryReady})  # what decode_operation returns
+# What decode_operation returns: a summary as its Struct to a sink that delivers nothing.
+_OPERATIONS = frozenset({ActionsWritten, SummaryReady, SummaryStruct})
 _BATCHES = (ActionsWritten, WrittenHeader)  # not a union type built on every call
 
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from schemas import ActionsPayload, ActionsWritten, InvalidMessage, context_message_adapter
 from schemas.fast import (
+    SummaryStruct,
     WrittenHeader,
     decode_context_message,
     decode_payload,
@@ -141,11 +142,16 @@ def _same(raw: bytes) -> None:
         assert header.model_copy(update={"payload": unread.payload}) == unread
     else:
         assert header == unread
-    # A sink that delivers nothing: the same operation, an actions_written as its header.
+    # A sink that delivers nothing: the same operation, as the Struct msgspec decoded (an
+    # actions_written's header, a summary whole), each field read as the model's.
     struct = decode_context_message(raw, payload=False, header=True)
-    if isinstance(struct, WrittenHeader):
+    if isinstance(struct, (WrittenHeader, SummaryStruct)):
         assert header_model(struct) == header
         assert header_model(struct).model_dump() == header.model_dump()
+        assert struct.op == header.op
+        for name in struct.__struct_fields__:
+            if name not in ("usage", "payload"):  # checked, not read: a sink reads neither
+                assert getattr(struct, name) == getattr(header, name), name
     else:
         assert struct == header
 
@@ -263,6 +269,16 @@ def test_an_operation_that_is_not_valid_is_refused_with_a_reason(raw: bytes) -> 
     with pytest.raises(InvalidMessage, match="invalid context operation") as refused:
         decode_context_message(raw)
     assert "\n" not in refused.value.reason  # one line: it goes to the dead letter and the log
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [{"usage": {"model": "m"}}, {"usage": [1]}, {"ledger": {"actions": "many"}}, {"seq_to": 0}],
+)
+def test_a_summary_not_valid_is_refused_at_a_sink_that_delivers_nothing(summary: dict) -> None:
+    """Its Struct is given only where pydantic takes the model (its usage checked too)."""
+    with pytest.raises(InvalidMessage, match="invalid context operation"):
+        decode_context_message(orjson.dumps({**SUMMARY, **summary}), payload=False, header=True)
 
 
 @pytest.mark.parametrize(
