@@ -27,7 +27,6 @@ from schemas import (
 )
 from schemas.actions import numbered_text
 from schemas.fast import (
-    ExactPayload,
     Payload,
     decode_context_message,
     decode_payload,
@@ -35,6 +34,7 @@ from schemas.fast import (
     payload_of,
     struct_of,
 )
+from schemas.fast.structs import ExactPayload
 from scripts.bench.workload import workload
 
 
