@@ -19,10 +19,9 @@ view) takes way 1 through ``append``, from the operation's header alone: no mode
 built per batch; the batches are added to the cached context when it is next loaded.
 
 Each save's writes are in crash-safe order (slots, the header that lists them, then
-deletions), and they are logged in the order they were made (``streams._faust.commit``):
-a slot is overwritten only after the header that let go of it.
-``save`` and ``erase`` return the writes; the caller commits them with the operation
-(``streams._faust.commit``: crash-safe order, then the input's ack).
+deletions); ``save`` and ``erase`` return them, and the caller commits them with the
+operation, logged in the order they were made (``streams._faust.commit``): a slot is
+overwritten only after the header that let go of it.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from sinks.context_legacy import legacy_batches
 from streams._faust import stores
 from streams._faust.commit import Write
 from streams.app import ContextApp
-from streams.tables import batch_key
+from streams.tables import KEY_SEPARATOR, batch_key
 
 __all__ = ["ContextStore"]
 
@@ -72,11 +71,10 @@ class _Slot(msgspec.Struct, gc=False):
     generation: int
 
 
-_encode = _encode_slot = msgspec.json.Encoder().encode
+_encode = msgspec.json.Encoder().encode
 
-# A header's record: the context's fields but its batches, in their order, then where its
-# batches are; encoded by msgspec from the values, its nested JSON as Raw (the bytes orjson
-# wrote from a dict of them, but a float's exponent without "+": test_context.py's golden file).
+# A header: the context's fields but its batches, in order, then where its batches are; the
+# bytes orjson wrote from a dict of them (a float's exponent without "+"; the golden file).
 _HEADER_FIELDS = tuple(name for name in SessionContext.__struct_fields__ if name != "batches")
 _HeaderRecord = msgspec.defstruct(
     "_HeaderRecord",
@@ -88,7 +86,7 @@ _NESTED_AT = tuple(_HEADER_FIELDS.index(name) for name in _NESTED)
 
 
 def _slot_key(session_id: str, slot: int) -> str:
-    return batch_key(session_id, f"s{slot}")
+    return f"{session_id}{KEY_SEPARATOR}s{slot}"  # batch_key(session_id, f"s{slot}"), one format
 
 
 class ContextStore:
@@ -167,7 +165,8 @@ class ContextStore:
         context's last, of its generation, and not the session's first (which writes the
         header); else None, and the caller takes ``load``, ``advanced`` and ``save``. The
         same records and the same loaded context as they (test_context_append.py)."""
-        self._current()
+        if self._generation != self._app.consumer_generation_id:
+            return None  # load() drops the cache first
         cached = self._cache.get(session_id)
         if cached is None:
             return None
@@ -191,7 +190,7 @@ class ContextStore:
         if slot >= layout.used:
             self._cache[session_id] = (context, _Layout(layout.inline, slot + 1))
         self._cache.move_to_end(session_id)
-        value = _encode_slot(_Slot(seq_from, seq_to, text, generation))
+        value = _encode(_Slot(seq_from, seq_to, text, generation))
         return self._table, _slot_key(session_id, slot), value
 
     def _remember(self, context: SessionContext, layout: _Layout) -> None:
@@ -283,7 +282,7 @@ class ContextStore:
                 (
                     table,
                     _slot_key(sid, first + n),
-                    _encode_slot(_Slot(b.seq_from, b.seq_to, b.text, generation)),
+                    _encode(_Slot(b.seq_from, b.seq_to, b.text, generation)),
                 )
                 for n, b in enumerate(new)
             ]

@@ -1,5 +1,5 @@
 """The bench's measuring: what the cores did between two readings, how often it polls a
-worker, the changelog's bytes."""
+worker, the changelog's bytes, a sink's work alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import pytest
 from scripts.bench.__main__ import parser
 from scripts.bench.default import Ratios, summary
 from scripts.bench.measure import machine_shares, machine_ticks, poll_interval, spy_command
+from scripts.bench.sink import operations
+from scripts.bench.store_ops import apply_all
 from scripts.bench.throughput import changelog_bytes
+from scripts.bench.workload import workload
 
 
 def test_the_shares_are_of_the_ticks_between_the_two_readings() -> None:
@@ -81,3 +84,14 @@ def test_repeated_runs_count_each_target_met_and_end_with_the_medians() -> None:
     ]
     assert lines[-1] == "RATIOS c/b=0.91 c/d=1.42 cpu_pipeline/sdk=0.98 cpu_sink/sdk=0.73"
     assert summary(runs[:1])[-1] == runs[0].line()
+
+
+def test_the_stores_fast_paths_store_what_the_models_path_stores() -> None:
+    """scripts.bench.store_ops over the pipeline's operations: batches appended from their
+    headers and summaries applied as Structs leave the table the models leave."""
+    records, written, summaries = operations(workload(4000, 80, 5, min_batch=1, max_batch=3), 4)
+    assert written and summaries
+    values = [value for _, value in records]
+    _, fast = apply_all(values)
+    _, models = apply_all(values, fast=False)
+    assert fast == models
