@@ -40,7 +40,7 @@ from sinks.context_legacy import legacy_batches
 from streams._faust import stores
 from streams._faust.commit import Write
 from streams.app import ContextApp
-from streams.tables import KEY_SEPARATOR, batch_key
+from streams.tables import batch_key
 
 __all__ = ["ContextStore"]
 
@@ -86,7 +86,7 @@ _NESTED_AT = tuple(_HEADER_FIELDS.index(name) for name in _NESTED)
 
 
 def _slot_key(session_id: str, slot: int) -> str:
-    return f"{session_id}{KEY_SEPARATOR}s{slot}"  # batch_key(session_id, f"s{slot}"), one format
+    return batch_key(session_id, f"s{slot}")
 
 
 class ContextStore:
