@@ -105,12 +105,18 @@ def _valid_range(struct: Any) -> bool:
     return bool(1 <= struct.seq_from <= struct.seq_to and struct.generation >= 0)
 
 
+def _usage(struct: Any) -> SummaryUsage | None:
+    """A decoded summary's usage as pydantic takes it (None: the offline summarizer);
+    raises ValueError where pydantic refuses it."""
+    return None if struct.usage is None else SummaryUsage.model_validate(struct.usage)
+
+
 def _valid_usage(struct: Any) -> bool:
-    """Whether pydantic takes a decoded summary's usage (None: the offline summarizer)."""
     try:
-        return struct.usage is None or bool(SummaryUsage.model_validate(struct.usage))
+        _usage(struct)
     except ValueError:
         return False
+    return True
 
 
 def header_model(header: WrittenHeader | SummaryStruct) -> ActionsWritten | SummaryReady:
@@ -144,8 +150,7 @@ def _fast_message(struct: Any) -> ActionsWritten | SummaryReady | SessionErased 
         return built(ActionsWritten, fields, _NAMES[ActionsWritten])
     fields["op"] = "summary_ready"  # its ledger decoded as it is: a Struct
     try:
-        if struct.usage is not None:
-            fields["usage"] = SummaryUsage.model_validate(struct.usage)
+        fields["usage"] = _usage(struct)
     except ValueError:
         return None
     return built(SummaryReady, fields, _NAMES[SummaryReady])
