@@ -15,8 +15,9 @@ writes what an operation changed, in one of three ways:
    next slots, then the header.
 
 A sink that delivers nothing (``Sink.delivers``: the null sink, whose agents read the pull
-view) takes way 1 through ``append``, from the operation's header alone: no model, no context
-built per batch; the batches are added to the cached context when it is next loaded.
+view) takes way 1 through ``append_run``, from the operations' bytes (``sinks.context_heads``,
+compiled where built): no model, no context built per batch; the batches are added to the
+cached context when it is next loaded.
 
 Each save's writes are in crash-safe order (slots, the header that lists them, then
 deletions); ``save`` and ``erase`` return them, and the caller commits them with the
@@ -36,6 +37,7 @@ import orjson
 from faust.types import TableT
 
 from sinks.context import Batch, SessionContext
+from sinks.context_heads import Appended, Slot, heads, slot_key
 from sinks.context_legacy import legacy_batches
 from streams._faust import stores
 from streams._faust.commit import Write
@@ -59,16 +61,7 @@ class _Layout(NamedTuple):
 
 
 _FRESH = _Layout(0, 0)
-
-
-class _Slot(msgspec.Struct, gc=False):
-    """A slot's record: a :class:`Batch` and its generation, in the fields' order (encoded
-    in 0.35 against 0.65 µs as a dict by orjson, the same bytes: test_context.py's golden file)."""
-
-    seq_from: int
-    seq_to: int
-    text: str
-    generation: int
+_NONE = Appended(0, [], [], ([], [], []))
 
 
 _encode = msgspec.json.Encoder().encode
@@ -83,10 +76,6 @@ _HeaderRecord = msgspec.defstruct(
 )
 _header_values = operator.attrgetter(*_HEADER_FIELDS)
 _NESTED_AT = tuple(_HEADER_FIELDS.index(name) for name in _NESTED)
-
-
-def _slot_key(session_id: str, slot: int) -> str:
-    return batch_key(session_id, f"s{slot}")
 
 
 class ContextStore:
@@ -108,12 +97,14 @@ class ContextStore:
         table: TableT[str, bytes],
         *,
         cache_size: int = 10_000,
+        compiled: bool = True,
         read: Callable[[TableT[str, bytes], str], bytes | None] | None = None,
         decoded: Callable[[], object] | None = None,
     ) -> None:
         """``read``: how to read the table (a ``WriteBehind``'s ``get``: with the writes
         still pending); the store's values by default. ``decoded``: called for each stored
-        context decoded from the table (a counter's ``inc``): the cache's misses."""
+        context decoded from the table (a counter's ``inc``): the cache's misses.
+        ``compiled``: ``append_run`` by ``native/`` where built (``AC_COMPILED``)."""
         self._app, self._table = app, table
         self._get = read or stores.read
         self._cache: OrderedDict[str, tuple[SessionContext, _Layout]] = OrderedDict()
@@ -123,8 +114,9 @@ class ContextStore:
         self._cache_size = cache_size
         self._decoded = decoded or (lambda: None)
         self._generation: int | None = None
-        # Batches ``append`` stored after a cached context's, added to it by ``load``.
-        self._appended: dict[str, list[Batch]] = {}
+        # The cached contexts that may take appends, with the batches ``append_run`` stored
+        # after them, added to them by ``load``: armed and disarmed with the cache.
+        self._heads = heads(compiled=compiled)
 
     def get(self, session_id: str) -> bytes | None:
         """The session's stored header, or None: with the writes still pending, so the
@@ -137,7 +129,7 @@ class ContextStore:
         if self._generation != self._app.consumer_generation_id:
             self._cache.clear()
             self._nested.clear()
-            self._appended.clear()
+            self._heads.clear()
             self._generation = self._app.consumer_generation_id
 
     def load(self, session_id: str) -> SessionContext:
@@ -148,57 +140,43 @@ class ContextStore:
             self._remember(*cached)
         else:
             self._cache.move_to_end(session_id)
-            if (appended := self._appended.pop(session_id, None)) is not None:
+            if (taken := self._heads.take(session_id)) is not None:
+                appended, used = taken
                 context = msgspec.structs.replace(
                     cached[0],
-                    actions_to=appended[-1].seq_to,
-                    batches=[*cached[0].batches, *appended],
+                    actions_to=appended[-1][1],
+                    batches=[
+                        *cached[0].batches,
+                        *(Batch(seq_from=a, seq_to=b, text=text) for a, b, text in appended),
+                    ],
                 )
-                cached = self._cache[session_id] = (context, cached[1])
+                layout = _Layout(cached[1].inline, used)
+                cached = self._cache[session_id] = (context, layout)
         return cached[0]
 
-    def append(
-        self, session_id: str, generation: int, seq_from: int, seq_to: int, text: str
-    ) -> Write | None:
-        """Way 1 from an ``actions_written``'s header alone, for a sink that delivers
-        nothing: its batch's slot record, when it is the batch right after the cached
-        context's last, of its generation, and not the session's first (which writes the
-        header); else None, and the caller takes ``load``, ``advanced`` and ``save``. The
-        same records and the same loaded context as they (test_context_append.py)."""
+    def append_run(self, values: list[bytes | None], start: int, now: float) -> Appended:
+        """Way 1 from the operations' bytes, for a sink that delivers nothing: ``values[start:]``
+        stored while each is a batch right after its cached context's last, of its
+        generation, and not the session's first (which writes the header), by its slot's
+        record alone (``sinks.context_heads``); the first that is not is left to ``load``,
+        ``advanced`` and ``save``. The same records and the same loaded contexts as they
+        (test_context_append.py). ``now``: when the batches' ages are taken."""
         if self._generation != self._app.consumer_generation_id:
-            return None  # load() drops the cache first
-        cached = self._cache.get(session_id)
-        if cached is None:
-            return None
-        context, layout = cached
-        appended = self._appended.get(session_id)
-        actions_to = appended[-1].seq_to if appended else context.actions_to
-        if (
-            seq_from != actions_to + 1
-            or generation != context.generation
-            or not actions_to
-            or context.closed
-            or layout.legacy
-        ):
-            return None
-        slot = len(context.batches) + (len(appended) if appended else 0) - layout.inline
-        batch = Batch(seq_from=seq_from, seq_to=seq_to, text=text)
-        if appended is None:
-            self._appended[session_id] = [batch]
-        else:
-            appended.append(batch)
-        if slot >= layout.used:
-            self._cache[session_id] = (context, _Layout(layout.inline, slot + 1))
-        self._cache.move_to_end(session_id)
-        value = _encode(_Slot(seq_from, seq_to, text, generation))
-        return self._table, _slot_key(session_id, slot), value
+            return _NONE  # load() drops the cache first
+        return Appended(*self._heads.append(values, start, now))
 
     def _remember(self, context: SessionContext, layout: _Layout) -> None:
-        self._cache[context.session_id] = (context, layout)
+        sid = context.session_id
+        self._cache[sid] = (context, layout)
+        if context.actions_to and not context.closed and not layout.legacy:
+            slot = len(context.batches) - layout.inline
+            self._heads.arm(sid, context.generation, context.actions_to, slot, layout.used)
+        else:
+            self._heads.disarm(sid)
         if len(self._cache) > self._cache_size:
             gone, _ = self._cache.popitem(last=False)
             self._forget_nested(gone)
-            self._appended.pop(gone, None)  # stored: a later load reads them back
+            self._heads.disarm(gone)  # its appends are stored: a later load reads them back
 
     def _layout(self, context: SessionContext) -> _Layout:
         """How ``context`` is stored: known if it is the one cached, else read (the cache
@@ -240,7 +218,7 @@ class ContextStore:
         generation, inline = header["generation"], len(batches)
         next_seq = header["actions_to"] + 1
         slot = 0
-        while (stored := self._get(self._table, _slot_key(session_id, slot))) is not None:
+        while (stored := self._get(self._table, slot_key(session_id, slot))) is not None:
             fields = orjson.loads(stored)  # written by save() below
             # Past the header's slots only the batch that follows, of its generation: an
             # older one is a batch a summary or the close let go of.
@@ -273,7 +251,7 @@ class ContextStore:
             layout = _Layout(len(after.batches), 0 if after.closed else old.used)
             writes.append((table, sid, self._header(after, layout)))
             if after.closed:
-                writes += [(table, _slot_key(sid, n), None) for n in range(old.used)]
+                writes += [(table, slot_key(sid, n), None) for n in range(old.used)]
             writes += [(table, batch_key(sid, seq), None) for seq in old.legacy]
         else:
             first = len(before.batches) - old.inline  # the next free slot
@@ -281,8 +259,8 @@ class ContextStore:
             writes += [
                 (
                     table,
-                    _slot_key(sid, first + n),
-                    _encode(_Slot(b.seq_from, b.seq_to, b.text, generation)),
+                    slot_key(sid, first + n),
+                    _encode(Slot(b.seq_from, b.seq_to, b.text, generation)),
                 )
                 for n, b in enumerate(new)
             ]
@@ -307,10 +285,11 @@ class ContextStore:
         """Tombstones for every slot the session used, its header: nothing stays."""
         sid, table = context.session_id, self._table
         layout = self._layout(context)
-        writes: list[Write] = [(table, _slot_key(sid, n), None) for n in range(layout.used)]
+        writes: list[Write] = [(table, slot_key(sid, n), None) for n in range(layout.used)]
         writes += [(table, batch_key(sid, seq), None) for seq in layout.legacy]
         writes.append((table, sid, None))
         self._cache.pop(sid, None)
+        self._heads.disarm(sid)
         self._forget_nested(sid)
         if self._generation == self._app.consumer_generation_id:
             # What the table holds once the tombstones are in: a later operation of the

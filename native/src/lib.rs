@@ -2,8 +2,10 @@
 //! a strict JSON reader and orjson's writer (`json.rs`) for the input payload
 //! (`payload.rs`); Kafka's default partitioner (`partition.rs`); Kafka's record batches
 //! written (`batch.rs`) and read into Faust's messages (`fetch.rs`); a summarize request's
-//! actions read once for the summarize stage's ledger, prompt and PII pass (`request.rs`).
+//! actions read once for the summarize stage's ledger, prompt and PII pass (`request.rs`);
+//! a sink that delivers nothing, its batches stored from the operations' bytes (`appends.rs`).
 
+mod appends;
 mod batch;
 mod fetch;
 mod json;
@@ -17,6 +19,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn agent_context_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transition::transition, m)?)?;
+    m.add_class::<appends::Appends>()?;
     m.add_function(wrap_pyfunction!(partition::partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(batch::record_batches, m)?)?;
     m.add_class::<batch::RecordBatch>()?;

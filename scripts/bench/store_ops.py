@@ -4,8 +4,8 @@
 
 Over the default workload's operations (``scripts.bench.sink.operations``), each operation is
 decoded as a sink that delivers nothing decodes it and applied to a ``ContextStore`` over a
-dict, as ``SinkStage.feed_inline`` applies it: a batch by ``append`` where that takes it, else
-``load``, ``advanced`` and ``save``. No broker, no event loop. Prints CPU µs per operation.
+dict, as ``SinkStage.feed_inline`` applies them: runs of batches by ``append_run`` (compiled)
+where it takes them, else ``load``, ``advanced`` and ``save``. No broker, no event loop. Prints CPU µs per operation.
 
 ``--tree`` runs the same in another checkout, alternating. ``--instructions`` counts the
 instructions instead, with valgrind's callgrind, less a run over no operations: on a host
@@ -28,17 +28,71 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 
-def apply_all(values: list[bytes], *, fast: bool = True) -> tuple[float, dict[str, bytes | None]]:
+def apply_all(
+    values: list[bytes], *, mode: str = "compiled"
+) -> tuple[float, dict[str, bytes | None]]:
     """CPU seconds to decode and apply ``values`` in order, a fresh store over a dict, and
-    the dict; ``fast=False``: every operation as a model, by ``load``, ``advanced``, ``save``."""
-    from schemas.fast import WrittenHeader, header_model
-    from sinks.context import Skip
+    the dict. ``mode``: runs of batches stored by ``append_run``, ``compiled`` (``native/``)
+    or ``python`` (its twin); ``models``: every operation as a model, by ``load``,
+    ``advanced``, ``save``."""
     from sinks.context_store import ContextStore
-    from sinks.runner.messages import decode_operation
 
     table: dict[str, bytes | None] = {}
     reader = SimpleNamespace(data=None, get=table.get)  # read as a table neither store knows
-    store = ContextStore(cast(Any, SimpleNamespace(consumer_generation_id=1)), cast(Any, reader))
+    app = cast(Any, SimpleNamespace(consumer_generation_id=1))
+    if not hasattr(ContextStore, "append_run"):  # a checkout from before it
+        store = ContextStore(app, cast(Any, reader))
+        return _apply_each(store, table, values, fast=mode != "models")
+    store = ContextStore(app, cast(Any, reader), compiled=mode == "compiled")
+    return _apply_runs(store, table, values, appends=mode != "models")
+
+
+def _apply_runs(
+    store: Any, table: dict[str, bytes | None], values: list[bytes], *, appends: bool
+) -> tuple[float, dict[str, bytes | None]]:
+    """As ``SinkStage.feed_inline`` applies its fetched batches."""
+    from schemas.fast import WrittenHeader, header_model
+    from sinks.runner.messages import decode_operation
+    from sinks.runner.stage import INLINE_BATCH_MAX
+
+    start = time.process_time()
+    for first in range(0, len(values), INLINE_BATCH_MAX):
+        batch = values[first : first + INLINE_BATCH_MAX]
+        at, end = 0, len(batch)
+        while at < end:
+            if appends:
+                count, keys, records, _ = store.append_run(batch, at, 0.0)
+                table.update(zip(keys, records, strict=True))
+                at += count
+                if at == end:
+                    break
+            op = decode_operation(batch[at], payload=False, header=appends)
+            at += 1
+            if type(op) is WrittenHeader:
+                op = header_model(op)
+            _apply(store, table, op)
+    return time.process_time() - start, table
+
+
+def _apply(store: Any, table: dict[str, bytes | None], op: Any) -> None:
+    from sinks.context import Skip
+
+    before = store.load(op.session_id)
+    try:
+        after = before.advanced(op)
+    except Skip:
+        return
+    for _, key, value in store.save(before, after):
+        table[key] = value
+
+
+def _apply_each(
+    store: Any, table: dict[str, bytes | None], values: list[bytes], *, fast: bool
+) -> tuple[float, dict[str, bytes | None]]:
+    """As ``feed_inline`` applied each operation before ``append_run`` (session 45)."""
+    from schemas.fast import WrittenHeader, header_model
+    from sinks.runner.messages import decode_operation
+
     start = time.process_time()
     for raw in values:
         op = decode_operation(raw, payload=False, header=fast)
@@ -48,13 +102,7 @@ def apply_all(values: list[bytes], *, fast: bool = True) -> tuple[float, dict[st
                 table[written[1]] = written[2]
                 continue
             op = header_model(op)
-        before = store.load(op.session_id)
-        try:
-            after = before.advanced(op)
-        except Skip:
-            continue
-        for _, key, value in store.save(before, after):
-            table[key] = value
+        _apply(store, table, op)
     return time.process_time() - start, table
 
 

@@ -8,9 +8,10 @@ high-water marks that make redeliveries no-ops, is committed with the event
 the event is acknowledged).
 
 A sink that delivers nothing (``Sink.delivers``: null, whose agents read the pull view)
-is never called: its contexts are kept, and a batch right after the session's last is
-stored from its header alone (``append_written``), no model or context built for it; a
-summary is applied as the Struct msgspec decoded (``schemas.fast.SummaryStruct``).
+is never called: its contexts are kept, and each run of batches right after their sessions'
+last is stored from the operations' bytes (``append_run``: compiled where built), no model
+or context built for them; a summary is applied as the Struct msgspec decoded
+(``schemas.fast.SummaryStruct``).
 
 Dead letters of this sink come back on its own re-drive topic
 (``redrive.sink-<name>``, fed by ``agent-context dead-letters redrive``), into
@@ -80,7 +81,6 @@ log = logging.getLogger(__name__)
 INLINE_BATCH_MAX = 64
 # What decode_operation returns: a summary as its Struct to a sink that delivers nothing.
 _OPERATIONS = frozenset({ActionsWritten, SummaryReady, SummaryStruct})
-_BATCHES = (ActionsWritten, WrittenHeader)  # not a union type built on every call
 
 
 class SinkStage:
@@ -101,6 +101,7 @@ class SinkStage:
             app,
             self.contexts,
             cache_size=settings.sink_context_cache,
+            compiled=settings.compiled,
             read=self.writes.get if self.inline else None,
             decoded=metrics.SINK_CONTEXTS_DECODED.labels(sink.name).inc,
         )
@@ -142,7 +143,7 @@ class SinkStage:
         self.app.at_shutdown(lambda: stop_sink(self.sink))
         self.started.set()
         decoder = partial(decode_operation, payload=self.reads_payload, header=not self.delivers)
-        await self.feed(self.operations, decoder)
+        await self.feed(self.operations, decoder, appends=not self.delivers)
 
     async def run_links(self) -> None:
         await self.started.wait()
@@ -152,37 +153,53 @@ class SinkStage:
     async def run_redriven(self) -> None:
         await self.feed(self.redriven, partial(decode_redriven, payload=self.reads_payload))
 
-    async def feed(self, source: BatchSource, decoder: Callable[[bytes | None], Any]) -> None:
+    async def feed(
+        self,
+        source: BatchSource,
+        decoder: Callable[[bytes | None], Any],
+        *,
+        appends: bool = False,
+    ) -> None:
         if self.inline:
-            await self.feed_inline(source, decoder)
+            await self.feed_inline(source, decoder, appends=appends)
         else:
             await feed_lanes(source, self.lanes, self.acks, decoder, self.dead_letters.write)
 
     async def feed_inline(
-        self, source: BatchSource, decoder: Callable[[bytes | None], Any]
+        self,
+        source: BatchSource,
+        decoder: Callable[[bytes | None], Any],
+        *,
+        appends: bool = False,
     ) -> None:
         """A sink with ``inline`` set: each fetched batch applied in order and sealed as one
         ``WriteBehind`` unit (``streams._faust.commit``'s steps for its writes, then its
         acks in offset order), made durable while the next batch is applied. One batch at a
         time across the worker's sources (``inline_lock``), so a session's contexts are
-        saved and logged in the order they were made; loads read the writes still pending."""
+        saved and logged in the order they were made; loads read the writes still pending.
+        ``appends``: runs of batches stored from their bytes first (``append_run``)."""
         shown = f"(inline batch from {source.topic.get_topic_name()})"  # by the stall report
         writes = self.writes
         async for batch in source.batches(INLINE_BATCH_MAX):
             await asyncio.sleep(0)  # the last batch's messages go out, the fetcher runs
             async with self.inline_lock:
                 self.lanes.begin_outside(shown, f"applying {len(batch)} records")
-                for message in batch:
-                    writes.track(source, message)
+                writes.track_all(source, batch)
+                values = [message.value for message in batch] if appends else None
+                at, end = 0, len(batch)
+                while at < end:
+                    if values is not None:
+                        at += self.append_run(values, at)
+                        if at == end:
+                            break
+                    message = batch[at]
+                    at += 1
                     try:
                         decoded = decoder(message.value)
                     except InvalidMessage as exc:
                         await self.dead_letters.write(message, exc.reason)
                         continue
-                    if type(decoded) is WrittenHeader:  # a sink that delivers nothing
-                        if (appended := self.append_written(decoded)) is not None:
-                            writes.set(*appended)
-                            continue
+                    if type(decoded) is WrittenHeader:  # one append_run declined
                         decoded = header_model(decoded)
                     try:
                         done = await self.writes_for(decoded.session_id, message, decoded)
@@ -203,12 +220,12 @@ class SinkStage:
             return web.json({"error": f"no context for session {session_id!r}"}, status=404)
         return web.json(pull_view(self.store.load(session_id)))
 
-    def count_operation(self, op: str, outcome: str) -> None:
+    def count_operation(self, op: str, outcome: str, count: int = 1) -> None:
         if (counter := self.operations_counted.get((op, outcome))) is None:
             counter = self.operations_counted[(op, outcome)] = metrics.SINK_OPERATIONS.labels(
                 self.sink.name, op, outcome
             )
-        counter.inc()
+        counter.inc(count)
 
     async def handle(self, session_id: str, item: LaneItem) -> None:
         tracked, decoded = item
@@ -242,23 +259,24 @@ class SinkStage:
             writes = await self.apply_operation(session_id, message, decoded, redriven=redriven)
         return writes
 
-    def append_written(self, header: WrittenHeader) -> Write | None:
-        """A batch for a sink that delivers nothing, right after the session's last: its
-        slot record alone, without a model or a context built (``ContextStore.append``);
-        None: ``apply_operation`` takes it (test_context_append.py)."""
-        write = self.store.append(
-            header.session_id, header.generation, header.seq_from, header.seq_to, header.text
-        )
-        if write is not None:
-            self.count_operation("actions_written", "applied")
-            self.observe_ages(header, applied=True)
-        return write
+    def append_run(self, values: list[bytes | None], start: int) -> int:
+        """For a sink that delivers nothing: ``values[start:]`` stored while each is a batch
+        right after its session's last, by its slot record alone, without a model or a
+        context built (``ContextStore.append_run``); how many were (test_context_append.py)."""
+        count, keys, records, ages = self.store.append_run(values, start, time.time())
+        if count:
+            self.writes.set_all(self.contexts, keys, records)  # native's, or compacted
+            self.count_operation("actions_written", "applied", count)
+            self.end_to_end.observe_all(ages[0])
+            self.action_age.observe_all(ages[1])
+            self.event_age.observe_all(ages[2])
+        return count
 
-    def observe_ages(self, op: Operation | WrittenHeader, *, applied: bool) -> None:
+    def observe_ages(self, op: Operation, *, applied: bool) -> None:
         """The end-to-end latency, and for a batch applied its actions' ages."""
         applied_at = time.time()
         self.end_to_end.observe(max(applied_at - op.emitted_at, 0.0))
-        if applied and isinstance(op, _BATCHES):
+        if applied and isinstance(op, ActionsWritten):
             if op.ingested_at > 0:
                 self.action_age.observe(max(applied_at - op.ingested_at, 0.0))
             if op.acted_at > 0:  # 0: the client sent no timestamp

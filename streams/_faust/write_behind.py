@@ -23,6 +23,7 @@ import logging
 import operator
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from faust.types import TableT
@@ -99,6 +100,15 @@ class WriteBehind:
         self._unit.writes.append((table, key, value, self._version))
         return value
 
+    def set_all(self, table: TableT[str, bytes], keys: list[str], values: list[bytes]) -> None:
+        """``set(table, key, value, exact=True)`` for each pair, in order, under one version:
+        a key set twice holds the later value, and both writes go in the same unit."""
+        self._version += 1
+        version, table_id = self._version, id(table)
+        pairs = zip(zip(repeat(table_id), keys), zip(values, repeat(version)), strict=True)
+        self._overlay.update(pairs)
+        self._unit.writes.extend(zip(repeat(table), keys, values, repeat(version)))
+
     async def send(
         self, topic: str, key: str, value: bytes, *, after_previous: bool = False
     ) -> None:
@@ -124,6 +134,10 @@ class WriteBehind:
         """``source.ack_all`` the unit's records, in order, when the current unit completes
         (a ``BatchSource`` and its message)."""
         self._unit.inputs.append((source, record))
+
+    def track_all(self, source: Any, records: list[Any]) -> None:
+        """``track`` each of ``records``, in order."""
+        self._unit.inputs.extend(zip(repeat(source), records))
 
     async def seal(self) -> None:
         """End the current unit: its writes and acks happen after its messages are acked.

@@ -69,6 +69,13 @@ class _Child:
         self.counts[bisect_left(self._bounds, value)] += 1
         self.sum += value
 
+    def observe_all(self, values: Sequence[float]) -> None:
+        """``observe`` each of ``values``."""
+        counts, bounds = self.counts, self._bounds
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+        self.sum += sum(values)
+
 
 class LoopHistogram(_Labelled[_Child]):
     """A labelled histogram (``labels(*values).observe(v)``) for one thread's observations."""

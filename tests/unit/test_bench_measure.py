@@ -15,6 +15,7 @@ from scripts.bench.sink import operations
 from scripts.bench.store_ops import apply_all
 from scripts.bench.throughput import changelog_bytes
 from scripts.bench.workload import workload
+from streams.native import native
 
 
 def test_the_shares_are_of_the_ticks_between_the_two_readings() -> None:
@@ -92,6 +93,9 @@ def test_the_stores_fast_paths_store_what_the_models_path_stores() -> None:
     records, written, summaries = operations(workload(4000, 80, 5, min_batch=1, max_batch=3), 4)
     assert written and summaries
     values = [value for _, value in records]
-    _, fast = apply_all(values)
-    _, models = apply_all(values, fast=False)
-    assert fast == models
+    _, models = apply_all(values, mode="models")
+    _, python = apply_all(values, mode="python")
+    assert python == models
+    if native is not None:
+        _, compiled = apply_all(values, mode="compiled")
+        assert compiled == models

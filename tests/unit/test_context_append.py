@@ -1,6 +1,7 @@
-"""``ContextStore.append``: a sink that delivers nothing (``Sink.delivers``) stores a batch
-right after the session's last from the operation's header alone. It must write what
-``load``, ``advanced`` and ``save`` write, and load the same context, whatever comes
+"""``ContextStore.append_run``: a sink that delivers nothing (``Sink.delivers``) stores each
+batch right after the session's last from the operation's bytes alone, compiled
+(``native.Appends``) or by its Python twin (``sinks.context_heads.Heads``). It must write
+what ``load``, ``advanced`` and ``save`` write, and load the same context, whatever comes
 between: summaries, replays, gaps, new visits, erasures, evictions and rebalances."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,10 +19,13 @@ from sinks.context import SessionContext, Skip
 from sinks.context_store import ContextStore
 from tests.support.tables import DictTable, apply_writes
 
+# Texts each twin writes its own way or declines: quotes, escapes, controls, beyond ASCII.
+_TEXTS = ["", 'a "quoted" \\ path\nnext line', "tab\there\r\x01\x7f", "é ✓ \u2028 \U0001f600"]
 
-def _written(sid: str, a: int, b: int, generation: int) -> ActionsWritten:
+
+def _written(sid: str, a: int, b: int, generation: int, text: str = "") -> ActionsWritten:
     return ActionsWritten.model_construct(
-        session_id=sid, seq_from=a, seq_to=b, generation=generation, text=f"{sid} {a}-{b}",
+        session_id=sid, seq_from=a, seq_to=b, generation=generation, text=f"{sid} {a}-{b}{text}",
         payload=None, emitted_at=1.0, op="actions_written", product_id="", conversation_id=None,
         ingested_at=0.0, acted_at=0.0,
     )  # fmt: skip
@@ -34,13 +39,15 @@ def _summary(sid: str, to: int, generation: int, final: bool) -> SummaryReady:
 
 
 class _Run:
-    """The same operations through the general path, and through ``append`` first."""
+    """The same operations through the general path, and through ``append_run`` first."""
 
-    def __init__(self, cache_size: int) -> None:
+    def __init__(self, cache_size: int, compiled: bool = True) -> None:
         self.app = SimpleNamespace(consumer_generation_id=1)
         self.tables = DictTable(), DictTable()
         self.stores = [
-            ContextStore(cast(Any, self.app), cast(Any, table), cache_size=cache_size)
+            ContextStore(
+                cast(Any, self.app), cast(Any, table), cache_size=cache_size, compiled=compiled
+            )
             for table in self.tables
         ]
         self.appended = 0
@@ -56,14 +63,23 @@ class _Run:
         apply_writes(table, store.save(before, after))
 
     def step(self, op: Any) -> None:
-        self.general(self.stores[0], self.tables[0], op)
+        self.batch([op])
+
+    def batch(self, ops: list[Any]) -> None:
+        """``ops`` as one fetched batch: each by the general path, and as
+        ``SinkStage.feed_inline`` applies them, runs by ``append_run`` first."""
+        for op in ops:
+            self.general(self.stores[0], self.tables[0], op)
         store, table = self.stores[1], self.tables[1]
-        if isinstance(op, ActionsWritten):
-            write = store.append(op.session_id, op.generation, op.seq_from, op.seq_to, op.text)
-            if write is not None:
-                self.appended += 1
-                return apply_writes(table, [write])
-        self.general(store, table, op)
+        values = [None if op == "erase" else op.model_dump_json().encode() for op in ops]
+        at = 0
+        while at < len(ops):
+            count, keys, records, _ = store.append_run(values, at, 9.0)
+            apply_writes(table, [(table, k, v) for k, v in zip(keys, records, strict=True)])
+            self.appended += count
+            if (at := at + count) < len(ops):
+                self.general(store, table, ops[at])
+                at += 1
 
     def check(self) -> None:
         assert self.tables[0].values == self.tables[1].values
@@ -78,7 +94,8 @@ def _operations(draw: Any) -> list[Any]:
     for kind in draw(st.lists(st.sampled_from("nnnnnnrgsSfvleEEEbc"), max_size=40)):
         size = draw(st.integers(1, 3))
         if kind == "n":  # the next batch
-            ops.append(_written("s", actions_to + 1, actions_to + size, generation))
+            text = draw(st.sampled_from(_TEXTS))
+            ops.append(_written("s", actions_to + 1, actions_to + size, generation, text))
             actions_to += size
         elif kind == "r" and actions_to:  # a replay of an earlier batch
             a = draw(st.integers(1, actions_to))
@@ -111,18 +128,27 @@ def _operations(draw: Any) -> list[Any]:
     return ops
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
 @settings(max_examples=300, deadline=None)
-@given(st.composite(_operations)(), st.sampled_from([1, 2, 10_000]))
-def test_an_append_writes_and_loads_what_the_general_path_does(ops: list[Any], cache: int) -> None:
-    run = _Run(cache)
-    for op in ops:
+@given(st.composite(_operations)(), st.sampled_from([1, 2, 10_000]), st.integers(1, 5))
+def test_an_append_writes_and_loads_what_the_general_path_does(
+    compiled: bool, ops: list[Any], cache: int, batch_size: int
+) -> None:
+    """Operations in fetched batches of up to ``batch_size`` (a rebalance or a check between)."""
+    run = _Run(cache, compiled)
+    batch: list[Any] = []
+    for op in [*ops, "end"]:
+        if op not in ("rebalance", "check", "end") and len(batch) < batch_size:
+            batch.append(op)
+            continue
+        run.batch(batch)
+        assert run.tables[0].values == run.tables[1].values
+        batch = [] if op in ("rebalance", "check", "end") else [op]
         if op == "rebalance":
             run.app.consumer_generation_id += 1
         elif op == "check":
             run.check()
-        else:
-            run.step(op)
-        assert run.tables[0].values == run.tables[1].values
+    run.batch(batch)
     run.check()
 
 
