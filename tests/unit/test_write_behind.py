@@ -125,6 +125,35 @@ async def test_the_store_keeps_the_object_readers_saw_pending() -> None:
     assert store["s"] is seen
 
 
+async def test_set_all_holds_a_keys_later_value_and_lets_go_once_the_table_has_it() -> None:
+    """A null sink's run of slot records (``SinkStage.append_run``): one version for the run,
+    the later of a key's two values read and stored, the next unit's value still read."""
+    acks, taken, acked = _Acks(), [], []
+    store = _Store()
+    table = cast(Any, _table(store))
+    app = _App(acks)
+
+    def changelog(topic: str, partition: int, records: Any, then: Any, *, may_wait: bool) -> Any:
+        taken.append((list(records), then))
+        return acks.future(f"changelog-{len(taken)}", None)
+
+    app.appender = SimpleNamespace(append_all=changelog)
+    writes = WriteBehind(cast(Any, app), on_error=_fail)
+    writes.track_all(SimpleNamespace(ack_all=acked.append), ["a", "b"])
+    writes.set_all(table, ["s0", "s1", "s0"], [b"1", b"2", b"3"])
+    assert (writes.get(table, "s0"), writes.get(table, "s1")) == (b"3", b"2")
+    await writes.seal()
+    writes.set(table, "s1", b"4")  # the next unit's
+    await writes.seal()
+    await wait_for(lambda: len(taken) == 2, timeout=5)
+    assert taken[0][0] == [(b"s0", b"1"), (b"s1", b"2"), (b"s0", b"3")]
+    taken[0][1]()  # the broker has the first unit's records: the store takes them
+    acks.resolve("changelog-1")
+    await wait_for(lambda: acked, timeout=5)
+    assert acked == [["a", "b"]] and store == {"s0": b"3", "s1": b"2"}
+    assert writes.get(table, "s1") == b"4" and list(writes.pending(table)) == [("s1", True)]
+
+
 async def test_units_sealed_meanwhile_are_recorded_in_one_step() -> None:
     """ "drains": the units sealed while one waits for the broker go through their steps
     together, so their deferred messages share one round trip instead of one each (one
