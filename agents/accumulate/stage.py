@@ -85,7 +85,9 @@ class Accumulator:
             pii=pii if pii is not None and pii.destinations else None,
         )
         self.sessions = sessions = session_keyed_table(app, "sessions")
-        self.writes = writes = WriteBehind(app, on_error=app.crash_on_lane_error)
+        self.writes = writes = WriteBehind(
+            app, stage="accumulate", on_error=app.crash_on_lane_error
+        )
         self.store = TableBatches(sessions, writes)
         self.decoded = DecodedEntries(SessionState.from_bytes)  # the Python path's states
         # Only this worker's partitions; kept up to date by save() (see OwnedKeyCount).

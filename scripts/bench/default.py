@@ -29,6 +29,18 @@ class Ratios(NamedTuple):
         )
 
 
+def window_line(shares: dict[str, float]) -> str:
+    """(c)'s accumulate window: each process's share of a core, the machine's of its cores
+    (2 here), and the share of the window the accumulator waited with its write-behind full:
+    whether the pipeline worker's core or the broker's acknowledgements were the bound."""
+    return (
+        f"  through accumulate's window: pipeline {shares['pipeline_core']:.2f} of a core, "
+        f"sink {shares['sink_core']:.2f}, broker {shares['broker_core']:.2f}; the machine "
+        f"{shares['machine_busy']:.0%} busy, {shares['machine_steal']:.0%} stolen; the "
+        f"accumulator waited for acknowledgements {shares['accumulate_waited']:.0%} of it"
+    )
+
+
 # The issue's targets, by the RATIOS line's names: (field, name, met).
 TARGETS = (
     ("c_b", "c/b >= 1.0", lambda x: x >= 1.0),
@@ -68,6 +80,7 @@ async def run_default(
         f"{ours['cpu_us_per_action'][0]:.0f} us, sink {ours['cpu_us_per_action'][1]:.0f} us",
         flush=True,
     )
+    print(window_line(ours["window"]), flush=True)
     peer: dict[str, float] | None = None
     print("(d) the Quix Streams peer ...")
     python = quix_python(args.quix_python)

@@ -16,6 +16,8 @@ from scripts.bench.measure import (
     Workers,
     broker_cpu_seconds,
     kafka_data,
+    machine_shares,
+    machine_ticks,
     new_run,
     settings_of,
     wait_healthy,
@@ -113,6 +115,14 @@ async def bench_accumulate(
     }
 
 
+async def write_behind_waits(client: httpx.AsyncClient, port: int) -> float:
+    """The seconds the pipeline's accumulator has waited so far to seal a unit, its
+    write-behind full (``ac_write_behind_wait_seconds_total``)."""
+    return measure.metric(
+        await measure.scrape(client, port), "ac_write_behind_wait_seconds_total", stage="accumulate"
+    )
+
+
 async def bench_pipeline(
     args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
 ) -> dict[str, Any]:
@@ -124,12 +134,26 @@ async def bench_pipeline(
             workers.start("sinks.app", "sink-null", args.port + 1, AC_SINK="null")
             await wait_healthy(client, [args.port, args.port + 1])
             cpu_start = workers.cpu_seconds()
+            broker_start, machine_start = broker_cpu_seconds(args.bootstrap), machine_ticks()
+            waited_start = await write_behind_waits(client, args.port)
             workers.profile()
             start = await offer_backlog(args, env, payloads)
             t_accumulated = await accumulator_done(
                 client, args, env["AC_TOPIC_PREFIX"], len(payloads)
             )
-            pipeline_cpu = workers.cpu_seconds()[0] - cpu_start[0]
+            # Who held the cores through accumulate's window, and how long the accumulator
+            # waited for the broker's acknowledgements (docs/performance.md, "What bounds c").
+            window = t_accumulated - start
+            waited = await write_behind_waits(client, args.port) - waited_start
+            cpu_window = workers.cpu_seconds()
+            shares = {
+                "pipeline_core": (cpu_window[0] - cpu_start[0]) / window,
+                "sink_core": (cpu_window[1] - cpu_start[1]) / window,
+                "broker_core": (broker_cpu_seconds(args.bootstrap) - broker_start) / window,
+                **machine_shares(machine_start, machine_ticks()),
+                "accumulate_waited": waited / window,
+            }
+            pipeline_cpu = cpu_window[0] - cpu_start[0]
             t_applied = await wait_metric(
                 client,
                 args.port + 1,
@@ -158,6 +182,7 @@ async def bench_pipeline(
         "rss_sink_mb": rss[1],
         "changelog_bytes_per_action": cl_bytes / actions,
         "actions_topic": env["AC_TOPIC_PREFIX"] + "actions",
+        "window": shares,
     }
 
 

@@ -93,7 +93,7 @@ class SinkStage:
         self.contexts = session_keyed_table(app, "contexts")
         self.dead_letters = DeadLetterWriter(topics.dead_letters, stage=f"sink-{sink.name}")
         # An inline sink's writes are made durable behind it (feed_inline); its loads see them.
-        self.writes = WriteBehind(app, on_error=app.crash_on_lane_error)
+        self.writes = WriteBehind(app, stage=f"sink-{sink.name}", on_error=app.crash_on_lane_error)
         self.delivers = getattr(sink, "delivers", True)
         self.inline = getattr(sink, "inline", False) or not self.delivers
         self.reads_payload = getattr(sink, "reads_payload", True)  # a plug-in may read it

@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import operator
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -32,6 +33,7 @@ from streams._faust import changelog, stores
 from streams._faust.changelog import Written
 from streams._faust.commit import outputs_acknowledged
 from streams.app import ContextApp
+from streams.observe import metrics
 
 __all__ = ["WriteBehind"]
 
@@ -54,7 +56,8 @@ class WriteBehind:
     """Ordered, pipelined "emit, then record" for one agent's tables.
 
     ``max_units`` bounds how many sealed units may wait for the broker: sealing
-    one more waits for room, which back-pressures the stream.
+    one more waits for room, which back-pressures the stream; ``stage`` names the
+    waits' counter (``ac_write_behind_wait_seconds_total``).
     """
 
     def __init__(
@@ -62,9 +65,11 @@ class WriteBehind:
         app: ContextApp,
         *,
         max_units: int = 32,
+        stage: str = "",
         on_error: Callable[[str, BaseException], Awaitable[None]],
     ) -> None:
         self._app = app
+        self._waits = metrics.WRITE_BEHIND_WAITS.labels(stage)
         self._on_error = on_error
         self._overlay: dict[tuple[int, str], tuple[bytes | None, int]] = {}
         self._version = 0
@@ -153,7 +158,14 @@ class WriteBehind:
                 asyncio.create_task(self._stage(self._queue, self._record), name="wb-record"),
                 asyncio.create_task(self._stage(self._recorded, self._acknowledge), name="wb-ack"),
             ]
+        if not self._queue.full():
+            self._queue.put_nowait(unit)
+            return
+        # Full: the broker's acknowledgements are the bound now, not this stage's CPU
+        # (test_write_behind.py, "waits"; python -m scripts.bench prints the share).
+        started = time.perf_counter()
         await self._queue.put(unit)
+        self._waits.inc(time.perf_counter() - started)
 
     async def _stage(
         self, queue: asyncio.Queue[_Unit], step: Callable[[list[_Unit]], Awaitable[None]]

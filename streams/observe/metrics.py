@@ -37,6 +37,12 @@ RECORDS_ACKNOWLEDGED = Counter(
     "Input records whose effects are durable (acknowledged: the consumer may commit past them)",
     ["topic"],
 )
+WRITE_BEHIND_WAITS = Counter(
+    "ac_write_behind_wait_seconds_total",
+    "Time a stage waited to seal a unit while its write-behind was full: the broker's "
+    "acknowledgements, not the stage's CPU, bounded it then",
+    ["stage"],
+)
 SESSIONS_EXPIRED = Counter("ac_sessions_expired_total", "Idle sessions closed and expired")
 DEAD_LETTERS = Counter(
     "ac_dead_letters_total", "Messages sent to dead letters", ["stage", "reason"]

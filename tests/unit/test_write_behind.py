@@ -14,6 +14,7 @@ from agents.accumulate.batches import TableBatches
 from agents.accumulate.compiled import apply_compiled, compiled_for
 from agents.accumulate.state import Limits
 from streams._faust.write_behind import WriteBehind
+from streams.observe import metrics
 from tests.support.waiting import wait_for
 
 
@@ -319,3 +320,25 @@ async def test_records_are_appended_in_order_and_awaited_only_without_metadata()
     )
     assert app.produced == ["new"]
     assert acks.appended == [("context", b"1"), ("new", b"2"), ("context", b"4")]
+
+
+async def test_a_seal_that_waits_for_room_is_counted_and_one_that_does_not_is_not() -> None:
+    """ "waits": ``ac_write_behind_wait_seconds_total`` counts only the time a stage
+    could not seal because every unit ahead still waited for the broker (the bench
+    reads it to tell a worker bound by its acknowledgements from one bound by its CPU)."""
+    acks = _Acks()
+    writes = WriteBehind(cast(Any, _App(acks)), max_units=1, stage="test-waits", on_error=_fail)
+    waited = metrics.WRITE_BEHIND_WAITS.labels("test-waits")
+    await writes.send("context-1", "s", b"batch")
+    await writes.seal()
+    await wait_for(writes._queue.empty, timeout=5)  # the first step holds it, not the queue
+    await writes.send("context-2", "s", b"batch")
+    await writes.seal()  # into the queue's one place: no wait
+    assert waited._value.get() == 0
+    await writes.send("context-3", "s", b"batch")
+    sealing = asyncio.create_task(writes.seal())
+    await wait_for(lambda: len(acks.appended) == 3, timeout=5)
+    assert not sealing.done()  # no room until the first unit's message is acknowledged
+    acks.resolve("context-1")
+    await asyncio.wait_for(sealing, timeout=5)
+    assert waited._value.get() > 0
