@@ -30,14 +30,18 @@ class Ratios(NamedTuple):
 
 
 def window_line(shares: dict[str, float]) -> str:
-    """(c)'s accumulate window: each process's share of a core, the machine's of its cores
-    (2 here), and the share of the window the accumulator waited with its write-behind full:
-    whether the pipeline worker's core or the broker's acknowledgements were the bound."""
+    """(c)'s accumulate window: each process's share of a core, how long the pipeline's
+    threads waited, runnable, for one, the machine's share of its cores (2 here), and the
+    share of the window the accumulator waited with its write-behind full. A wait for
+    acknowledgements is not an idle worker: its other stages run meanwhile (--mode
+    accumulate holds it at 0.94-0.96 of a core either way, docs/performance.md)."""
     return (
-        f"  through accumulate's window: pipeline {shares['pipeline_core']:.2f} of a core, "
-        f"sink {shares['sink_core']:.2f}, broker {shares['broker_core']:.2f}; the machine "
-        f"{shares['machine_busy']:.0%} busy, {shares['machine_steal']:.0%} stolen; the "
-        f"accumulator waited for acknowledgements {shares['accumulate_waited']:.0%} of it"
+        f"  through accumulate's window: pipeline {shares['pipeline_core']:.2f} of a core "
+        f"(waiting for one {shares['pipeline_runqueue']:.2f}), sink {shares['sink_core']:.2f}, "
+        f"broker {shares['broker_core']:.2f}, the backlog's producer (this process) "
+        f"{shares['bench_core']:.2f}; the machine {shares['machine_busy']:.0%} busy, "
+        f"{shares['machine_steal']:.0%} stolen; the accumulator waited for acknowledgements "
+        f"{shares['accumulate_waited']:.0%} of it"
     )
 
 

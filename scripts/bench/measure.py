@@ -88,6 +88,10 @@ class Workers:
         """User + system CPU time of each worker so far (from /proc/<pid>/stat)."""
         return [cpu_seconds(proc.pid) for proc, _ in self.procs]
 
+    def runqueue_seconds(self) -> list[float]:
+        """Each worker's threads' wait for a core so far (:func:`runqueue_seconds`)."""
+        return [runqueue_seconds(proc.pid) for proc, _ in self.procs]
+
     def rss_mb(self, index: int = 0) -> float:
         status = Path(f"/proc/{self.procs[index][0].pid}/status")
         match = re.search(r"VmRSS:\s+(\d+) kB", status.read_text()) if status.exists() else None
@@ -281,6 +285,18 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and all its threads so far (/proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def runqueue_seconds(pid: int) -> float:
+    """How long a process's threads have waited, runnable, for a core so far (the second
+    field of /proc/<pid>/task/*/schedstat): CPU it wanted and did not get."""
+    waited = 0
+    for task in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            waited += int(task.read_text().split()[1])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return waited / 1e9
 
 
 def machine_ticks() -> tuple[int, int, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from scripts.bench.baselines import bench_faust_floor, bench_sdk, bench_transiti
 from scripts.bench.measure import (
     Workers,
     broker_cpu_seconds,
+    cpu_seconds,
     kafka_data,
     machine_shares,
     machine_ticks,
@@ -89,9 +91,13 @@ async def bench_accumulate(
             await wait_healthy(client, [args.port])
             cpu_start, broker_start = workers.cpu_seconds()[0], broker_cpu_seconds(args.bootstrap)
             gc_start = await measure.scrape(client, args.port)
+            waited_start = await write_behind_waits(client, args.port)
+            runqueue_start = workers.runqueue_seconds()[0]
             workers.profile()
             start = await offer_backlog(args, env, payloads)
             done = await accumulator_done(client, args, env["AC_TOPIC_PREFIX"], len(payloads))
+            waited = await write_behind_waits(client, args.port) - waited_start
+            runqueue = workers.runqueue_seconds()[0] - runqueue_start
             cpu = workers.cpu_seconds()[0] - cpu_start
             broker = broker_cpu_seconds(args.bootstrap) - broker_start
             rss = workers.peak_rss_mb()[0]
@@ -112,6 +118,9 @@ async def bench_accumulate(
         "broker_cpu_us_per_action": broker * 1e6 / actions,
         "gc_share": gc_seconds / cpu if cpu else 0.0,
         "gc_passes": gc_passes,
+        "core_share": cpu / (done - start),
+        "runqueue_share": runqueue / (done - start),
+        "waited_share": waited / (done - start),
     }
 
 
@@ -136,6 +145,7 @@ async def bench_pipeline(
             cpu_start = workers.cpu_seconds()
             broker_start, machine_start = broker_cpu_seconds(args.bootstrap), machine_ticks()
             waited_start = await write_behind_waits(client, args.port)
+            runqueue_start, bench_start = workers.runqueue_seconds(), cpu_seconds(os.getpid())
             workers.profile()
             start = await offer_backlog(args, env, payloads)
             t_accumulated = await accumulator_done(
@@ -145,9 +155,11 @@ async def bench_pipeline(
             # waited for the broker's acknowledgements (docs/performance.md, "What bounds c").
             window = t_accumulated - start
             waited = await write_behind_waits(client, args.port) - waited_start
-            cpu_window = workers.cpu_seconds()
+            cpu_window, runqueue = workers.cpu_seconds(), workers.runqueue_seconds()
             shares = {
                 "pipeline_core": (cpu_window[0] - cpu_start[0]) / window,
+                "pipeline_runqueue": (runqueue[0] - runqueue_start[0]) / window,
+                "bench_core": (cpu_seconds(os.getpid()) - bench_start) / window,
                 "sink_core": (cpu_window[1] - cpu_start[1]) / window,
                 "broker_core": (broker_cpu_seconds(args.bootstrap) - broker_start) / window,
                 **machine_shares(machine_start, machine_ticks()),
@@ -198,7 +210,10 @@ def print_accumulate_run(sdk_rate: float, transition_rate: float, ours: dict[str
         f"and the summarize agent; the worker's peak RSS {ours['rss_mb']:,.0f} MiB; "
         f"{ours['changelog_records_per_action']:.2f} changelog records per action; the broker "
         f"{ours['broker_cpu_us_per_action']:.0f} us of CPU per action (the producer's included); "
-        f"cyclic GC {ours['gc_share']:.1%} of the worker's CPU ({ours['gc_passes']:.0f} passes)",
+        f"cyclic GC {ours['gc_share']:.1%} of the worker's CPU ({ours['gc_passes']:.0f} passes); "
+        f"the worker at {ours['core_share']:.2f} of a core and waiting for one "
+        f"{ours['runqueue_share']:.2f}, its accumulator waiting for acknowledgements "
+        f"{ours['waited_share']:.0%} of the window",
         flush=True,
     )
 

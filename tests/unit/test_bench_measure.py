@@ -4,13 +4,23 @@ worker, the changelog's bytes, a sink's work alone."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from scripts.bench.__main__ import parser
 from scripts.bench.default import Ratios, summary
-from scripts.bench.measure import machine_shares, machine_ticks, poll_interval, spy_command
+from scripts.bench.measure import (
+    cpu_seconds,
+    machine_shares,
+    machine_ticks,
+    poll_interval,
+    runqueue_seconds,
+    spy_command,
+)
 from scripts.bench.sink import operations
 from scripts.bench.store_ops import apply_all
 from scripts.bench.throughput import changelog_bytes
@@ -30,6 +40,33 @@ def test_this_machines_ticks_add_up() -> None:
     assert 0 < busy <= total and 0 <= steal <= total - busy
     later = machine_ticks()
     assert all(b >= a for a, b in zip((busy, steal, total), later, strict=True))
+
+
+def test_processes_that_share_one_core_each_wait_for_it() -> None:
+    """The window line's "waiting for one" (docs/performance.md): three spinners pinned to
+    one core each spend 0.4 s of CPU, so each waits, runnable, about twice that while the
+    other two run: more than it ran (which a reading of the run time would give)."""
+    spin = (
+        "import os, sys, time\n"
+        f"os.sched_setaffinity(0, {{{min(os.sched_getaffinity(0))}}})\n"
+        "end = time.process_time() + 0.4\n"
+        "while time.process_time() < end: pass\n"
+        "print(flush=True); sys.stdin.read()\n"  # done; alive until the reading is taken
+    )
+    spinners = [
+        subprocess.Popen(
+            [sys.executable, "-c", spin], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    waits, ran = [], []
+    for spinner in spinners:
+        assert spinner.stdout is not None and spinner.stdout.readline() == b"\n"
+        waits.append(runqueue_seconds(spinner.pid))
+        ran.append(cpu_seconds(spinner.pid))
+    for spinner in spinners:
+        spinner.communicate()
+    assert all(w > 1.2 * r for w, r in zip(waits, ran, strict=True)), (waits, ran)
 
 
 def test_a_worker_is_polled_often_only_near_the_end() -> None:
