@@ -50,7 +50,8 @@ class TableBatches:
     them around the session's entry in crash-safe order (``streams._faust.commit``).
 
     ``written`` holds the value of each key this worker wrote last (None: deleted), up to
-    ``kept`` keys, then starts again: the compiled transition reads entries and batches
+    ``kept`` keys, then starts again (the compiled run does the same as it records its
+    writes, ``native.transition_run``): the compiled transition reads entries and batches
     there without a call through the write-behind and the store (``staged`` it fills
     itself). This worker is the table's only writer while it keeps its partitions, so
     ``current`` lets go of it all when the consumer group's generation changes (a
@@ -60,7 +61,7 @@ class TableBatches:
     def __init__(
         self, table: TableT[str, bytes], writes: WriteBehind, *, kept: int = WRITTEN_KEPT
     ) -> None:
-        self._table, self._writes, self._kept = table, writes, kept
+        self._table, self._writes, self.kept = table, writes, kept
         self.staged: dict[str, bytes | None] = {}  # None: taken (delete on commit)
         self.written: dict[str, bytes | None] = {}
         self._generation: int | None = None
@@ -108,7 +109,7 @@ class TableBatches:
         for key in deleted:
             written[key] = writes.set(table, key, None)
         self.staged.clear()
-        if len(written) > self._kept:
+        if len(written) > self.kept:
             written.clear()
 
     def discard(self) -> None:

@@ -12,13 +12,13 @@ the extension (not built, or ``AC_COMPILED=false``) every payload takes the Pyth
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from agents.accumulate.state import Emission, Limits, Transition
 from streams.native import native as _native  # None: not built, the Python transition does it all
 from streams.topics import MESSAGE_MAX_BYTES
 
-__all__ = ["Lookup", "apply_compiled", "compiled_for"]
+__all__ = ["Lookup", "apply_compiled", "compiled_for", "run_transitions"]
 
 Lookup = Callable[[str], bytes | None]  # a key's value in the table, None for none
 
@@ -75,6 +75,22 @@ def apply_compiled(
     else:
         out = [_new(Emission, ("context", op)), _new(Emission, ("summarize", request))]
     return _new(Transition, (sid, entry, out, existed, actions, None))
+
+
+def run_transitions(*args: Any) -> tuple[Any, ...]:
+    """``native.transition_run``: ``apply_compiled`` for each message in a row, and the
+    stage's work on each result, until one it declines; for ``WriteBehind.run_compiled``,
+    whose arguments come first, then (messages, start, lookup, written, kept, summarize
+    topic, partitions, now, limits)."""
+    assert _native is not None  # compiled_for said so
+    *head, limits = args
+    return _native.transition_run(  # type: ignore[no-any-return]
+        *head,
+        limits.max_actions_per_batch,
+        limits.max_pending_bytes,
+        limits.threshold,
+        MESSAGE_MAX_BYTES,
+    )
 
 
 _new = tuple.__new__

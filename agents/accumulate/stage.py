@@ -29,7 +29,7 @@ from faust.types import Message
 from pydantic import ValidationError
 
 from agents.accumulate.batches import TableBatches, oversized
-from agents.accumulate.compiled import apply_compiled, compiled_for
+from agents.accumulate.compiled import compiled_for, run_transitions
 from agents.accumulate.state import (
     Emission,
     Limits,
@@ -117,13 +117,11 @@ class Accumulator:
         *,
         existed: bool = True,
         state: SessionState | None = None,
-        exact: bool = False,
     ) -> None:
         """The session's entry ``raw`` with the batches it staged (``TableBatches.commit``);
-        ``state``: what ``raw`` encodes, kept for the session's next payload; ``exact``: the
-        compiled transition made them (no spare buffer: stored as they are)."""
+        ``state``: what ``raw`` encodes, kept for the session's next payload."""
         writes = self.writes
-        self.store.commit(session_id, raw, exact=exact)
+        self.store.commit(session_id, raw)
         if state is not None and raw is not None:
             self.decoded.keep(session_id, cast(bytes, writes.get(self.sessions, session_id)), state)
         if existed != (raw is not None):
@@ -150,12 +148,23 @@ class Accumulator:
             await asyncio.sleep(0)  # its messages go out while the next batch is applied
 
     async def apply_messages(self, messages: list[Message]) -> None:
-        writes, source, store = self.writes, self.source, self.store
-        dead_letters = self.dead_letters
+        writes, store, dead_letters = self.writes, self.store, self.dead_letters
+        writes.track_all(self.source, messages)
         emissions: list[tuple[str, Emission]] = []
-        now, applied, compiled = time.time(), 0, 0
-        for message in messages:
-            writes.track(source, message)
+        now, applied, compiled, index = time.time(), 0, 0, 0
+        while index < len(messages):
+            if self.compiled:  # the payloads in a row that the compiled transition takes
+                if emissions:  # the Python path's first: a session's operations in order
+                    await self.emit(emissions)
+                    emissions = []
+                ran, actions = await self.run_compiled(messages, index, now)
+                compiled += ran - index
+                applied += actions
+                if ran == len(messages):
+                    break
+                index = ran
+            message = messages[index]
+            index += 1
             try:
                 done = self.transition(message, now)
             except InvalidMessage as exc:
@@ -168,37 +177,60 @@ class Accumulator:
                 emissions.extend(self.forget(done, now))
                 continue
             sid, raw, out, existed, actions, state = done
-            assert raw is not None  # a replay returned None above
-            if state is not None and (too_large := oversized(raw, out)):
+            assert raw is not None and state is not None  # a replay returned None above
+            if too_large := oversized(raw, out):
                 # An operation or state entry over the broker's limit made the send raise
                 # (tests/integration/test_reliability.py): dead-lettered, nothing of it stored.
                 # The compiled transition declines such a payload (test_compiled.py).
                 store.discard()
                 await dead_letters.write(message, too_large)
                 continue
-            self.save(sid, raw, existed=existed, state=state, exact=state is None)
+            self.save(sid, raw, existed=existed, state=state)
             emissions.extend((sid, e) for e in out)
             applied += actions
-            compiled += state is None  # applied, not dead-lettered by the size guard
-            if state is not None and state.debounce:
+            if state.debounce:
                 self.debouncing.add(sid)
         metrics.ACTIONS_IN.inc(applied)  # once per batch: prometheus_client locks per call
         metrics.COMPILED_PAYLOADS.inc(compiled)
         await self.emit(emissions)
         await writes.seal()
 
+    async def run_compiled(
+        self, messages: list[Message], start: int, now: float
+    ) -> tuple[int, int]:
+        """``messages`` from ``start`` through the compiled transition, each recorded and
+        emitted as the Python path records and emits it, until one it declines: (that
+        one's index, or the end; the actions applied). tests/unit/test_accumulate_run.py."""
+        context = self.out_topics["context"]
+        partitions = self.app.appender.partition_count(context)
+        if partitions is None:  # the first operation of a worker waits for the metadata
+            partitions = 0
+        self.store.current(self.app.consumer_generation_id)  # before its ``written``
+        _, ran, actions, replays, new_sessions, runs = self.writes.run_compiled(
+            run_transitions,
+            self.sessions,
+            messages,
+            start,
+            self.entry,
+            self.store.written,
+            self.store.kept,
+            self.out_topics["summarize"],
+            partitions,
+            now,
+            self.limits,
+        )
+        for sid in new_sessions:
+            self.active.changed(sid, 1)
+        if replays:
+            metrics.REPLAYS_SKIPPED.labels("accumulate").inc(replays)
+        await self.writes.send_runs(context, runs)
+        return ran, actions
+
     def transition(self, message: Message, now: float) -> Transition | EraseRequest | None:
-        """One payload applied to its session: by the compiled transition, or where it
-        declines (or is not built) by the Python one; None for an offset applied before; an
-        erasure request as it is (the stage forgets the session)."""
+        """One payload applied to its session by the Python transition (the compiled run
+        declined it, or is not built); None for an offset applied before; an erasure
+        request as it is (the stage forgets the session)."""
         value, offset = message.value, message.offset
-        if self.compiled and value is not None:
-            self.store.current(self.app.consumer_generation_id)  # before its ``written``
-            done = apply_compiled(
-                value, self.entry, offset, self.limits, now, self.store, message.timestamp
-            )
-            if done is not None:
-                return None if done.entry is None else done
         # Looked for only in what the compiled transition declined (it declines erasures):
         # the search through every payload's bytes was 0.8% of the worker (perf, session 41).
         if value is not None and b'"erase"' in value and (erase := _erase_request(value)):

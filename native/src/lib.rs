@@ -1,4 +1,4 @@
-//! The hot paths compiled: the accumulator's per-payload transition (`transition.rs`), on
+//! The hot paths compiled: the accumulator's per-payload transition (`transition.rs`), and in a row with its writes (`run.rs`), on
 //! a strict JSON reader and orjson's writer (`json.rs`) for the input payload
 //! (`payload.rs`); Kafka's default partitioner (`partition.rs`); Kafka's record batches
 //! written (`batch.rs`) and read into Faust's messages (`fetch.rs`); a summarize request's
@@ -12,6 +12,7 @@ mod json;
 mod partition;
 mod payload;
 mod request;
+mod run;
 mod transition;
 
 use pyo3::prelude::*;
@@ -19,6 +20,7 @@ use pyo3::prelude::*;
 #[pymodule]
 fn agent_context_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transition::transition, m)?)?;
+    m.add_function(wrap_pyfunction!(run::transition_run, m)?)?;
     m.add_class::<appends::Appends>()?;
     m.add_function(wrap_pyfunction!(partition::partition_of, m)?)?;
     m.add_function(wrap_pyfunction!(batch::record_batches, m)?)?;

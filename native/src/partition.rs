@@ -7,7 +7,7 @@ use pyo3::exceptions::PyZeroDivisionError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
-fn murmur2(data: &[u8]) -> u32 {
+pub(crate) fn murmur2(data: &[u8]) -> u32 {
     const M: u32 = 0x5bd1_e995;
     let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
     let mut chunks = data.chunks_exact(4);

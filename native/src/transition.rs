@@ -151,6 +151,77 @@ pub(crate) fn transition(
     threshold: i64,
     max_message_bytes: usize,
 ) -> PyResult<Option<Applied>> {
+    let limits = Limits {
+        max_actions_per_batch,
+        max_pending_bytes,
+        threshold,
+        max_message_bytes,
+    };
+    let reads = Reads {
+        written,
+        staged: Some(staged),
+        lookup,
+    };
+    let Some(done) = apply(py, raw, &reads, offset, now, ingested_at, &limits)? else {
+        return Ok(None);
+    };
+    let bytes = |out: Vec<u8>| PyBytes::new(py, &out).unbind();
+    let n = done.actions;
+    let Some(entry) = done.entry else {
+        return Ok(Some((done.sid.unbind(), done.existed, None, None, None, n))); // a replay
+    };
+    if let Some((slot, body)) = done.stage {
+        staged.set_item(batch_key(py, &done.sid.to_str()?, slot), PyBytes::new(py, &body))?;
+    }
+    Ok(Some((
+        done.sid.unbind(),
+        done.existed,
+        Some(bytes(entry)),
+        done.op.map(bytes),
+        done.request.map(bytes),
+        n,
+    )))
+}
+
+/// The accumulator's limits (`agents.accumulate.state.Limits`, and the broker's message
+/// limit, past which a payload is declined for the Python path's size guard).
+pub(crate) struct Limits {
+    pub(crate) max_actions_per_batch: usize,
+    pub(crate) max_pending_bytes: i64,
+    pub(crate) threshold: i64,
+    pub(crate) max_message_bytes: usize,
+}
+
+/// Where a transition reads the session's entry and batches (`read`).
+pub(crate) struct Reads<'a, 'py> {
+    pub(crate) written: &'a Bound<'py, PyDict>,
+    pub(crate) staged: Option<&'a Bound<'py, PyDict>>,
+    pub(crate) lookup: &'a Bound<'py, PyAny>,
+}
+
+/// One payload applied: `entry` None for a replay (nothing else then); `stage`, the new
+/// batch to store under its slot unless the request it completed took it.
+pub(crate) struct Outcome<'py> {
+    pub(crate) sid: Bound<'py, PyString>,
+    pub(crate) existed: bool,
+    pub(crate) entry: Option<Vec<u8>>,
+    pub(crate) op: Option<Vec<u8>>,
+    pub(crate) request: Option<Vec<u8>>,
+    pub(crate) stage: Option<(i64, Vec<u8>)>,
+    pub(crate) actions: usize,
+}
+
+/// `transition`'s work, without its Python results: None, declined.
+pub(crate) fn apply<'py>(
+    py: Python<'py>,
+    raw: &[u8],
+    reads: &Reads<'_, 'py>,
+    offset: i64,
+    now: f64,
+    ingested_at: f64,
+    limits: &Limits,
+) -> PyResult<Option<Outcome<'py>>> {
+    let (written, lookup) = (reads.written, reads.lookup);
     // UTF-8 checked once, whole: the reader then borrows each string without its own check.
     let Ok(p) = std::str::from_utf8(raw).map(serde_json::from_str::<Payload>) else {
         return Ok(None);
@@ -165,7 +236,7 @@ pub(crate) fn transition(
         || !supported(py, &p)
         || !plain_float(now)
         || !plain_float(ingested)
-        || p.actions.len() > max_actions_per_batch
+        || p.actions.len() > limits.max_actions_per_batch
     {
         return Ok(None);
     }
@@ -188,19 +259,27 @@ pub(crate) fn transition(
         return Ok(None);
     }
     let n = p.actions.len();
+    let mut done = Outcome {
+        sid,
+        existed,
+        entry: None,
+        op: None,
+        request: None,
+        stage: None,
+        actions: n,
+    };
     if existed && offset <= s.last_offset {
-        return Ok(Some((sid.unbind(), existed, None, None, None, n))); // a replay
+        return Ok(Some(done)); // a replay
     }
     (s.last_offset, s.last_seen, s.ingested_at) = (offset, now, ingested);
     if !p.product_id.is_empty() {
         s.product_id = Str(Cow::Borrowed(&p.product_id));
     }
-    let (mut op, mut request, mut stage) = (None, None, None);
     if n > 0 {
         let mut b = Out(Vec::with_capacity(raw.len() + 256));
         encode_payload(&p, &mut b);
         let size = b.0.len() as i64;
-        if s.next_batch > s.first_batch && s.pending_bytes + size > max_pending_bytes {
+        if s.next_batch > s.first_batch && s.pending_bytes + size > limits.max_pending_bytes {
             return Ok(None); // an early summary first: the Python transition writes it
         }
         let seq_from = s.next_seq;
@@ -208,18 +287,18 @@ pub(crate) fn transition(
         if let Some(c) = p.conversation_id.as_deref().filter(|c| !c.is_empty()) {
             s.conversation_id = Some(Str(Cow::Borrowed(c)));
         }
-        op = Some(operation(&p, &s, seq_from, &b.0, now, ingested));
+        done.op = Some(operation(&p, &s, seq_from, &b.0, now, ingested));
         let slot = s.next_batch;
         s.next_batch += 1;
         s.pending_actions += n as i64;
         s.pending_bytes += size;
-        if s.pending_actions < threshold {
-            stage = Some((slot, b.0));
+        if s.pending_actions < limits.threshold {
+            done.stage = Some((slot, b.0));
         } else {
             let mut batches = Vec::with_capacity((slot - s.first_batch) as usize);
             for index in s.first_batch..slot {
                 let key = batch_key(py, &p.session_id, index);
-                match read(written, Some(staged), lookup, &key)? {
+                match read(written, reads.staged, lookup, &key)? {
                     Some(body) => batches.push(body),
                     None => {
                         let sid: &str = &p.session_id;
@@ -234,26 +313,17 @@ pub(crate) fn transition(
                 earlier.push(body.downcast::<PyBytes>()?.as_bytes());
             }
             earlier.push(&b.0);
-            request = Some(summarize_request(&p.session_id, &mut s, &earlier, now));
+            done.request = Some(summarize_request(&p.session_id, &mut s, &earlier, now));
         }
     }
     let entry = s.encode();
-    let over = |out: &Option<Vec<u8>>| out.as_ref().is_some_and(|o| o.len() > max_message_bytes);
-    if entry.len() > max_message_bytes / 2 || over(&op) || over(&request) {
+    let max = limits.max_message_bytes;
+    let over = |out: &Option<Vec<u8>>| out.as_ref().is_some_and(|o| o.len() > max);
+    if entry.len() > max / 2 || over(&done.op) || over(&done.request) {
         return Ok(None); // checked here, not per payload in Python: 1.2% of a worker (py-spy)
     }
-    if let Some((slot, body)) = stage {
-        staged.set_item(batch_key(py, &p.session_id, slot), PyBytes::new(py, &body))?;
-    }
-    let bytes = |out: Vec<u8>| PyBytes::new(py, &out).unbind();
-    Ok(Some((
-        sid.unbind(),
-        existed,
-        Some(bytes(entry)),
-        op.map(bytes),
-        request.map(bytes),
-        n,
-    )))
+    done.entry = Some(entry);
+    Ok(Some(done))
 }
 
 /// `_summarize_request(final=False)`: the request's JSON as orjson writes it, and the
@@ -290,7 +360,7 @@ fn summarize_request(sid: &str, s: &mut State, batches: &[&[u8]], now: f64) -> V
 }
 
 /// `streams.tables.batch_key(session, index)`.
-fn batch_key<'py>(py: Python<'py>, session: &str, index: i64) -> Bound<'py, PyString> {
+pub(crate) fn batch_key<'py>(py: Python<'py>, session: &str, index: i64) -> Bound<'py, PyString> {
     let mut key = String::with_capacity(session.len() + 8);
     key.push_str(session);
     key.push('\x1f');

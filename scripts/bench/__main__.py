@@ -105,7 +105,7 @@ def parser() -> argparse.ArgumentParser:
         "medians' RATIOS line")  # fmt: skip
     add("--sink", default="null", help="--mode sink: the sink (AC_SINK) to run")
     add("--tree", type=trees, default=[Path(__file__).resolve().parents[2]],
-        help="--mode sink: checkouts to run the sink worker from, alternated (A,B)")  # fmt: skip
+        help="--mode sink or accumulate: checkouts to run the worker from, alternated (A,B)")  # fmt: skip
     add("--llm-concurrency", type=int, default=256)
     add("--summary-chars", type=int, default=0,
         help="the stand-in LLM's summaries this long, as a real model's are (AC_SUMMARY_MAX_CHARS "

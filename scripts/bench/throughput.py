@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +15,7 @@ from agents.accumulate.state import Limits
 from scripts.bench import measure
 from scripts.bench.baselines import bench_faust_floor, bench_sdk, bench_transition
 from scripts.bench.measure import (
+    ROOT,
     Workers,
     broker_cpu_seconds,
     cpu_seconds,
@@ -79,12 +81,12 @@ async def accumulator_done(
 
 
 async def bench_accumulate(
-    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int
+    args: argparse.Namespace, payloads: list[dict[str, Any]], actions: int, tree: Path = ROOT
 ) -> dict[str, float]:
     """The pipeline worker alone on a backlog: actions/s and CPU per action, from the
-    backlog's first record to ``accumulator_done``."""
+    backlog's first record to ``accumulator_done``; the worker run from ``tree``."""
     env, run_dir = await new_run(args)
-    workers = Workers(env, run_dir, args.port)
+    workers = Workers(env, run_dir, args.port, tree=tree)
     try:
         async with httpx.AsyncClient(timeout=5) as client:
             workers.start("agents.app", "pipeline", args.port)
@@ -237,7 +239,8 @@ async def run_accumulate(
     )
     for _ in range(args.repeat):
         for loop in args.event_loop.split(","):  # alternated: runs minutes apart differ more
-            measure.LOOP = loop
-            ours = await bench_accumulate(args, payloads, actions)
-            print(f"event loop: {loop}")
-            print_accumulate_run(sdk_rate, transition_rate, ours)
+            for tree in args.tree:
+                measure.LOOP = loop
+                ours = await bench_accumulate(args, payloads, actions, tree)
+                print(f"event loop: {loop}" + (f"; tree {tree}" if len(args.tree) > 1 else ""))
+                print_accumulate_run(sdk_rate, transition_rate, ours)

@@ -97,6 +97,13 @@ class Appender:
     ) -> asyncio.Future[RecordMetadata] | None:
         """``append`` to the partition the producer's default partitioner picks for ``key``;
         ``None`` while the producer has no metadata for ``topic`` (then use ``send``)."""
+        count = self.partition_count(topic)
+        if count is None:
+            return None
+        return self.append(topic, partition_of(key, count), key, value)
+
+    def partition_count(self, topic: str) -> int | None:
+        """``topic``'s partitions as the producer knows them; None while it has no metadata."""
         cluster = self._producer().client.cluster
         if cluster is not self._cluster:  # the first call, or a new producer's
             self._cluster, self._partitions = cluster, {}
@@ -107,7 +114,7 @@ class Appender:
             if not partitions:
                 return None
             count = self._partitions[topic] = len(partitions)
-        return self.append(topic, partition_of(key, count), key, value)
+        return count
 
     def _metadata_updated(self, cluster: object) -> None:
         # The counts are kept between updates: aiokafka built a set per record to count
@@ -127,6 +134,14 @@ class Appender:
         group.records.append((key, value))
         if then is not None:
             group.then.append(then)
+        return group.acknowledged
+
+    def append_run(
+        self, topic: str, partition: int, records: list[tuple[bytes, bytes | None]]
+    ) -> asyncio.Future[RecordMetadata]:
+        """``append`` each of ``records`` in order."""
+        group = self._group(topic, partition)
+        group.records.extend(records)
         return group.acknowledged
 
     def append_all(

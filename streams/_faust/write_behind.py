@@ -135,6 +135,32 @@ class WriteBehind:
             else:
                 self._unit.acks.append(await self._app.append(topic, key.encode(), value))
 
+    async def send_runs(
+        self, topic: str, runs: list[tuple[int, list[tuple[bytes, bytes | None]]]]
+    ) -> None:
+        """``send`` each record of ``runs``, (partition, [(key, value), ...]) in order: one
+        append per partition (``Appender.append_run``); partition -1: the producer has no
+        metadata for ``topic`` yet, each record awaited as ``send_all`` awaits it."""
+        append_run, acks = self._app.appender.append_run, self._unit.acks
+        for partition, records in runs:
+            if partition >= 0:
+                acks.append(append_run(topic, partition, records))
+                continue
+            for key, value in records:
+                acks.append(await self._app.append(topic, key, value))
+
+    def run_compiled(self, run: Callable[..., tuple[Any, ...]], table: Any, *args: Any) -> Any:
+        """``run(overlay, writes, deferred, table, id(table), version, *args)``: a compiled
+        writer (``native.transition_run``) records ``set(table, ..., exact=True)`` and
+        ``send(..., after_previous=True)`` as they do, in order; it returns the version
+        after its writes first (tests/unit/test_accumulate_run.py)."""
+        unit = self._unit
+        done = run(
+            self._overlay, unit.writes, unit.deferred, table, id(table), self._version, *args
+        )
+        self._version = done[0]
+        return done
+
     def track(self, source: Any, record: Any) -> None:
         """``source.ack_all`` the unit's records, in order, when the current unit completes
         (a ``BatchSource`` and its message)."""
