@@ -16,7 +16,14 @@ use crate::transition::{apply, batch_key, Limits, Reads};
 /// What a run did: the write-behind's version after it, the index it stopped at (the
 /// declined payload's, or the end), the actions applied, the replays skipped, the
 /// sessions that had no entry before, and the operations by partition.
-type Ran<'py> = (i64, usize, usize, usize, Bound<'py, PyList>, Bound<'py, PyList>);
+type Ran<'py> = (
+    i64,
+    usize,
+    usize,
+    usize,
+    Bound<'py, PyList>,
+    Bound<'py, PyList>,
+);
 
 /// The write-behind's parts a run writes to (`WriteBehind.run_compiled`).
 struct Behind<'a, 'py> {
@@ -41,7 +48,12 @@ impl<'py> Behind<'_, 'py> {
         let slot = PyTuple::new(py, [self.table_id.as_any(), key.as_any()])?;
         let held = PyTuple::new(py, [value.as_any(), version.as_any()])?;
         self.overlay.set_item(slot, held)?;
-        let write = [self.table.as_any(), key.as_any(), value.as_any(), version.as_any()];
+        let write = [
+            self.table.as_any(),
+            key.as_any(),
+            value.as_any(),
+            version.as_any(),
+        ];
         self.writes.append(PyTuple::new(py, write)?)?;
         written.set_item(key, value)
     }
@@ -103,7 +115,15 @@ pub(crate) fn transition_run<'py>(
         let offset: i64 = message.getattr(intern!(py, "offset"))?.extract()?;
         let at: Option<f64> = message.getattr(intern!(py, "timestamp"))?.extract()?;
         let ingested_at = at.filter(|t| *t != 0.0).unwrap_or(0.0); // `ingested_at or 0.0`
-        let Some(done) = apply(py, raw.as_bytes(), &reads, offset, now, ingested_at, &limits)?
+        let Some(done) = apply(
+            py,
+            raw.as_bytes(),
+            &reads,
+            offset,
+            now,
+            ingested_at,
+            &limits,
+        )?
         else {
             break;
         };
@@ -144,7 +164,11 @@ pub(crate) fn transition_run<'py>(
     let runs = PyList::empty(py);
     for (partition, records) in ops.into_iter().enumerate() {
         if !records.is_empty() {
-            let at: i64 = if partitions == 0 { -1 } else { partition as i64 };
+            let at: i64 = if partitions == 0 {
+                -1
+            } else {
+                partition as i64
+            };
             runs.append((at, PyList::new(py, records)?))?;
         }
     }

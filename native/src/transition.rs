@@ -168,10 +168,14 @@ pub(crate) fn transition(
     let bytes = |out: Vec<u8>| PyBytes::new(py, &out).unbind();
     let n = done.actions;
     let Some(entry) = done.entry else {
-        return Ok(Some((done.sid.unbind(), done.existed, None, None, None, n))); // a replay
+        return Ok(Some((done.sid.unbind(), done.existed, None, None, None, n)));
+        // a replay
     };
     if let Some((slot, body)) = done.stage {
-        staged.set_item(batch_key(py, &done.sid.to_str()?, slot), PyBytes::new(py, &body))?;
+        staged.set_item(
+            batch_key(py, &done.sid.to_str()?, slot),
+            PyBytes::new(py, &body),
+        )?;
     }
     Ok(Some((
         done.sid.unbind(),

@@ -25,6 +25,7 @@ from faust.types import TableT
 
 from streams._faust import stores
 from streams.app import ContextApp
+from streams.native import native
 
 __all__ = ["Written", "confirm", "write", "write_all"]
 
@@ -47,6 +48,20 @@ def write_all(
     one append and one store update per table partition, not per record
     (tests/unit/test_changelog.py proves the records, stores and acks the same).
     ``may_wait``: the records join the appender's next round (``Appender.append_all``)."""
+    writes = writes if isinstance(writes, list) else list(writes)
+    runs = _runs(writes) if native is None else native.changelog_runs(writes)
+    appender, written = app.appender, cast(Written, [])
+    for table, partition, entries, records in runs:
+        then = functools.partial(stores.put, cast(Any, table).data, entries, partition)
+        topic = table.changelog_topic.get_topic_name()
+        acknowledged = appender.append_all(topic, partition, records, then, may_wait=may_wait)
+        written.append((table, acknowledged))
+    return written
+
+
+def _runs(writes: list[Sequence[Any]]) -> list[tuple[Any, int, list[Any], list[Any]]]:
+    """(table, partition, its [(key, value)], the records [(key bytes, value)]) per table
+    partition, first written first: ``native.changelog_runs``'s Python twin."""
     runs: dict[tuple[int, int], tuple[TableT[str, bytes], int, list[Any]]] = {}
     for write in writes:
         table = write[0]
@@ -55,14 +70,10 @@ def write_all(
         if run is None:
             run = runs[(id(table), partition)] = (table, partition, [])
         run[2].append((write[1], write[2]))
-    appender, written = app.appender, cast(Written, [])
-    for table, partition, entries in runs.values():
-        records = [(key.encode(), value) for key, value in entries]
-        then = functools.partial(stores.put, cast(Any, table).data, entries, partition)
-        topic = table.changelog_topic.get_topic_name()
-        acknowledged = appender.append_all(topic, partition, records, then, may_wait=may_wait)
-        written.append((table, acknowledged))
-    return written
+    return [
+        (table, partition, entries, [(key.encode(), value) for key, value in entries])
+        for table, partition, entries in runs.values()
+    ]
 
 
 async def confirm(written: Written) -> None:

@@ -29,6 +29,10 @@ class RawTable(faust.Table):
     bytes, and so its partition, those of the topics (tests/integration/test_reliability.py).
     """
 
+    # Read with ``partition_count`` by the compiled changelog runs (native/src/changelog.rs)
+    # to find a key's partition as ``partition_for_key`` does, without calling it.
+    session_keyed = False
+
     def _serializer_from_type(self, typ: Any) -> str:
         return "raw"
 
@@ -56,6 +60,8 @@ class SessionKeyedTable(RawTable):
     the session, so each worker holds (and recovers) exactly the entries of the
     sessions it owns, and all of a session's changelog records are on one
     partition, in the order they were written."""
+
+    session_keyed = True
 
     def partition_for_key(self, key: Any) -> int:
         return partition_of(key.partition(KEY_SEPARATOR)[0], self.partition_count)

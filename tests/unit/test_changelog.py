@@ -7,11 +7,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 from faust.stores.memory import Store as MemoryStore
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streams._faust import changelog
+from streams._faust.raw_table import RawTable, SessionKeyedTable
+from streams.native import native
 from streams.partitions import partition_of
 from streams.tables import batch_key, session_of
 
@@ -112,3 +115,36 @@ def test_write_all_of_nothing_appends_nothing() -> None:
     app = SimpleNamespace(appender=_Appender())
     assert changelog.write_all(cast(Any, app), []) == []
     assert not app.appender.records
+
+
+def _raw_table(cls: type, partitions: int) -> Any:
+    """A table of ``cls`` with only what finding a key's partition reads."""
+    table = cls.__new__(cls)
+    table.__dict__["partition_count"] = partitions  # the cached_property's value
+    return table
+
+
+_keys = st.lists(
+    st.tuples(
+        st.sampled_from([0, 1, 2]),  # session-keyed, raw, or a table with only the method
+        st.text(max_size=6) | st.sampled_from(["s", "s\x1f0", "s\x1f12", "caf\u00e9\x1f1"]),
+        st.none() | st.binary(max_size=3),
+    ),
+    max_size=20,
+)
+
+
+@given(_keys)
+@settings(max_examples=300, deadline=None)
+def test_the_compiled_runs_are_the_python_twins(writes: Any) -> None:
+    """``native.changelog_runs`` finds each key's partition as the table's own
+    ``partition_for_key`` does (a session-keyed table by the part before the separator),
+    and groups and encodes as ``changelog._runs``."""
+    if native is None:
+        pytest.skip("native/ not built: the Python twin runs alone")
+    method = SimpleNamespace(partition_for_key=lambda key: len(key) % 3)
+    tables = [_raw_table(SessionKeyedTable, 5), _raw_table(RawTable, 7), method]
+    given_writes = [(tables[t], key, value, 0) for t, key, value in writes]
+    assert native.changelog_runs(given_writes) == changelog._runs(given_writes)
+    for table, partition, entries, _ in native.changelog_runs(given_writes):
+        assert {table.partition_for_key(key) for key, _ in entries} == {partition}
