@@ -157,8 +157,8 @@ class Accumulator:
                 if emissions:  # the Python path's first: a session's operations in order
                     await self.emit(emissions)
                     emissions = []
-                ran, actions = await self.run_compiled(messages, index, now)
-                compiled += ran - index
+                ran, actions, replays = await self.run_compiled(messages, index, now)
+                compiled += ran - index - replays  # applied, as the Python path counts them
                 applied += actions
                 if ran == len(messages):
                     break
@@ -197,10 +197,11 @@ class Accumulator:
 
     async def run_compiled(
         self, messages: list[Message], start: int, now: float
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, int]:
         """``messages`` from ``start`` through the compiled transition, each recorded and
         emitted as the Python path records and emits it, until one it declines: (that
-        one's index, or the end; the actions applied). tests/unit/test_accumulate_run.py."""
+        one's index, or the end; the actions applied; the replays skipped).
+        tests/unit/test_accumulate_run.py."""
         context = self.out_topics["context"]
         partitions = self.app.appender.partition_count(context)
         if partitions is None:  # the first operation of a worker waits for the metadata
@@ -224,7 +225,7 @@ class Accumulator:
         if replays:
             metrics.REPLAYS_SKIPPED.labels("accumulate").inc(replays)
         await self.writes.send_runs(context, runs)
-        return ran, actions
+        return ran, actions, replays
 
     def transition(self, message: Message, now: float) -> Transition | EraseRequest | None:
         """One payload applied to its session by the Python transition (the compiled run
